@@ -1,0 +1,74 @@
+"""The one interface both backends implement; everything else (data, model, loop, measurement) is shared.
+
+Methods are called by ``common.train`` in this order: ``setup`` (communication + device pinning, before any
+other TensorFlow op), ``scope`` (variable creation), ``make_dataset``, ``wrap_optimizer``, then per mode
+``fit_callbacks`` or ``run``/``wrap_tape``, and finally ``allgather`` to bring per-rank records to the chief.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+
+class Backend(abc.ABC):
+    name: str = "?"
+    rank: int = 0  # this process's index among num_workers
+    num_workers: int = 1  # processes taking part
+    local_rank: int = 0  # index among processes on this host (device pinning)
+    local_size: int = 1  # processes on this host (thread budget)
+    replicas_per_worker: int = 1  # model replicas driven by one process (>1 only for native mirrored)
+
+    @property
+    def num_replicas(self) -> int:
+        return self.num_workers * self.replicas_per_worker
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    @abc.abstractmethod
+    def setup(self) -> None:
+        """Initialise communication and pin devices; must run before any other TensorFlow op."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """What the results JSON records about the backend (strategy, collectives, controller...)."""
+
+    def scope(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
+        """Per-rank input: ``dataset_fn(pipeline_index, num_pipelines, replicas_per_pipeline)``."""
+
+    def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
+        return optimizer
+
+    def fit_callbacks(self, job: Any, steps_per_epoch: int, learning_rate: float) -> list[Any]:
+        return []
+
+    def wrap_tape(self, tape: Any) -> Any:
+        return tape
+
+    @abc.abstractmethod
+    def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
+        """Run one replica step on every local replica; returns this process's per-replica losses (list)."""
+
+    def after_first_step(self, model: Any, optimizer: Any) -> None:
+        """Hook for one-time synchronisation that needs optimizer slots to exist."""
+
+    def before_training(self, model: Any) -> None:
+        """Hook for one-time synchronisation of the freshly built model."""
+
+    @abc.abstractmethod
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's JSON-serialisable ``obj``, in rank order, on every rank (a collective: all must call)."""
+
+    def barrier(self) -> None:
+        self.allgather(None)
+
+    def shutdown(self) -> None:
+        """Release communication resources before exit."""

@@ -1,0 +1,132 @@
+"""Horovod backend: one process per device, allreduce. Always run as a module (``-m``), never by path:
+``horovodrun -np 2 -H localhost:2 --gloo python -m backends.horovod --job jobs/smoke.toml``
+(also under ``mpirun`` or ``srun --mpi=pmix``).
+"""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.time()  # process start, for time-to-first-step (TF import counts: users pay it too)
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+from backends.base import Backend  # noqa: E402
+from common import cli  # noqa: E402
+
+PROG = "backends.horovod"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = cli.base_parser(PROG, "Run a twinbench job with Horovod (launch under horovodrun, mpirun or srun).")
+    p.add_argument("--fp16-allreduce", action="store_true",
+                   help="compress gradients to float16 for the allreduce (default off: exact parity with native)")
+    return p
+
+
+class HorovodBackend(Backend):
+    name = "horovod"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.device = "cpu"
+
+    def setup(self) -> None:
+        try:
+            import horovod.tensorflow as htf  # tensors: broadcast, allgather, DistributedGradientTape
+            import horovod.tensorflow.keras as hvd  # Keras: DistributedOptimizer, callbacks
+        except ImportError as e:
+            raise cli.UsageError(f"Horovod is not importable ({e}); run `make setup` (or see README) to build it")
+        import tensorflow as tf
+
+        from common.train import configure_threads
+
+        self.hvd, self.htf, self.tf = hvd, htf, tf
+        hvd.init()
+        self.rank, self.num_workers = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self.threads = configure_threads(self.local_size, self.args.threads)
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            mine = gpus[self.local_rank % len(gpus)]  # pin one GPU per process by local rank
+            tf.config.experimental.set_memory_growth(mine, True)
+            tf.config.set_visible_devices(mine, "GPU")
+            self.device = mine.name
+        self.compression = hvd.Compression.fp16 if self.args.fp16_allreduce else hvd.Compression.none
+
+    def describe(self) -> dict[str, Any]:
+        hvd = self.hvd
+        return {
+            "controller": "gloo" if hvd.gloo_enabled() else ("mpi" if hvd.mpi_enabled() else "?"),
+            "built": {"gloo": hvd.gloo_built(), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())},
+            "compression": "fp16" if self.args.fp16_allreduce else "none",
+            "threads_per_process": self.threads,
+            "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default"),
+            "cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME", "default"),
+            "device": self.device,
+        }
+
+    def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
+        return dataset_fn(self.rank, self.num_workers, 1)
+
+    def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
+        if mode == "fit":
+            # Keras' loss is the local mean here (no strategy), so Horovod's default Average is the global mean.
+            return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
+        return optimizer
+
+    def fit_callbacks(self, job: Any, steps_per_epoch: int, learning_rate: float) -> list[Any]:
+        hvd, tf = self.hvd, self.tf
+        cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+        if job.warmup_epochs:
+            warm = hvd.callbacks.LearningRateWarmupCallback(
+                initial_lr=learning_rate, warmup_epochs=job.warmup_epochs, momentum_correction=False,
+                steps_per_epoch=steps_per_epoch, verbose=0)
+            warm.provides_warmup = True
+            cbs.append(warm)
+        for cb in cbs:
+            # Horovod binds `keras.backend`, which is Keras 3 here; our models are tf_keras.
+            cb.backend = tf.keras.backend
+        return cbs
+
+    def wrap_tape(self, tape: Any) -> Any:
+        # op=Sum: the shared loop already divides each replica's loss by the global batch (as MWMS expects).
+        return self.htf.DistributedGradientTape(tape, op=self.htf.Sum, compression=self.compression)
+
+    def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
+        return [step_fn(*batch)]
+
+    def before_training(self, model: Any) -> None:
+        # Same seed gives the same weights on every rank, but the chief's are the reference: make sure.
+        self.htf.broadcast_variables(model.variables, root_rank=0)
+
+    def after_first_step(self, model: Any, optimizer: Any) -> None:
+        # Optimizer slots exist only after the first apply_gradients.
+        self.htf.broadcast_variables(optimizer.variables(), root_rank=0)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return list(self.htf.allgather_object(obj))
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    cli.legacy_keras()
+    cli.unset_proxies()
+    job = cli.prepare(PROG, args)
+    backend = HorovodBackend(args)
+    try:
+        backend.setup()
+    except cli.UsageError as e:
+        cli.fail(PROG, str(e))
+    return cli.run_training(PROG, backend, job, args, T0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The job: what is trained, identical for every backend and world size.
+
+A job is a frozen, validated dataclass loaded from a TOML file (stdlib ``tomllib``) plus ``--set key=value``
+overrides. Its ``job_hash`` covers every field that changes the math or the measurement protocol, and never
+the backend or the world size: two runs with the same hash are comparable. This module never imports
+TensorFlow, so bad input is rejected before TF starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class JobError(ValueError):
+    """A job file or override is invalid; the message is one line meant for the user."""
+
+
+BUILTIN_MODELS = ("mlp", "small_cnn", "resnet56")
+DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "image_folder")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+MODES = ("fit", "ctl")
+LR_SCALINGS = ("none", "linear")
+
+
+@dataclass(frozen=True)
+class Job:
+    # --- identity (not hashed: a label only) ---
+    name: str = "unnamed"  # free label shown in reports; renaming a job keeps its hash
+    # --- model ---
+    model: str = "mlp"  # mlp | small_cnn | resnet56 | any tf.keras.applications name (weights=None)
+    mlp_hidden: tuple[int, ...] = (128,)  # MLP hidden layer widths (only for model = "mlp")
+    weight_decay: float = 0.0  # L2 factor on kernels; a regularisation loss, scaled per replica in both backends
+    # --- data ---
+    dataset: str = "synthetic"  # synthetic | mnist | fashion_mnist | cifar10 | image_folder
+    data_dir: str = ""  # where the real dataset's files are; nothing is ever downloaded
+    image_shape: tuple[int, ...] = (28, 28, 1)  # synthetic / image_folder input shape (H, W, C); others fix their own
+    num_classes: int = 10  # synthetic / image_folder label count; others fix their own
+    synthetic_samples: int = 2048  # size of the synthetic dataset (one epoch), deterministic from the seed
+    # --- schedule ---
+    per_replica_batch_size: int = 32  # samples per replica per step; global batch = this x replicas
+    steps: int = 0  # total training steps; when > 0 it overrides epochs
+    epochs: int = 1  # used when steps = 0
+    steps_per_epoch: int = 0  # 0 = one pass over the data (dataset size // global batch)
+    timing_warmup_steps: int = 2  # first steps excluded from step-time stats (tracing, allocator, autotune)
+    # --- optimisation ---
+    optimizer: str = "sgd"  # sgd | momentum | adam (tf_keras legacy optimizers in both backends)
+    momentum: float = 0.9  # only for optimizer = "momentum"
+    learning_rate: float = 0.01  # base LR for one replica's batch
+    lr_scaling: str = "none"  # none | linear (LR x global_batch / per_replica_batch_size, Goyal et al.)
+    warmup_epochs: int = 0  # whole epochs of linear LR warm-up from LR/replicas to the scaled LR (Horovod's rule)
+    # --- execution ---
+    mode: str = "fit"  # fit = Keras model.fit | ctl = custom tf.function training loop
+    seed: int = 1234  # global seed: weights, synthetic data and shuffling
+    mixed_precision: bool = False  # mixed_float16 policy with dynamic loss scaling
+    xla: bool = False  # jit_compile the training step
+
+    # ------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+    @property
+    def job_hash(self) -> str:
+        """sha256 (16 hex chars) of the canonical JSON of every field except ``name``."""
+        d = self.to_dict()
+        d.pop("name")
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    # --- quantities derived for a given number of replicas (runtime, never part of the identity) ---
+    def global_batch_size(self, replicas: int) -> int:
+        return self.per_replica_batch_size * replicas
+
+    def scaled_learning_rate(self, replicas: int) -> float:
+        if self.lr_scaling == "linear":
+            return self.learning_rate * replicas
+        return self.learning_rate
+
+    def resolve_steps(self, dataset_size: int, replicas: int) -> tuple[int, int]:
+        """(steps_per_epoch, total_steps) for this world size; JobError if the data cannot fill one step."""
+        gb = self.global_batch_size(replicas)
+        spe = self.steps_per_epoch or dataset_size // gb
+        if spe < 1:
+            raise JobError(
+                f"dataset has {dataset_size} samples, fewer than one global batch of {gb} "
+                f"({self.per_replica_batch_size} per replica x {replicas}); lower per_replica_batch_size"
+            )
+        total = self.steps if self.steps > 0 else self.epochs * spe
+        return spe, total
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Job)}
+
+
+def _is_keras_app_name(name: str) -> bool:
+    # keras.applications names start upper case (ResNet50, MobileNetV2, EfficientNetB0...); checked against
+    # the real module only once TensorFlow is loaded (common.models).
+    return bool(name) and name[0].isupper() and name.replace("_", "").isalnum()
+
+
+def _validate(job: Job) -> None:
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise JobError(msg)
+
+    need(job.model in BUILTIN_MODELS or _is_keras_app_name(job.model),
+         f"unknown model {job.model!r}: use one of {', '.join(BUILTIN_MODELS)} or a tf.keras.applications name "
+         "such as ResNet50")
+    need(job.dataset in DATASETS, f"unknown dataset {job.dataset!r}: use one of {', '.join(DATASETS)}")
+    need(job.optimizer in OPTIMIZERS, f"unknown optimizer {job.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+    need(job.mode in MODES, f"unknown mode {job.mode!r}: use fit or ctl")
+    need(job.lr_scaling in LR_SCALINGS, f"unknown lr_scaling {job.lr_scaling!r}: use none or linear")
+    need(job.per_replica_batch_size >= 1, f"per_replica_batch_size must be >= 1, got {job.per_replica_batch_size}")
+    need(job.steps >= 0, f"steps must be >= 0 (0 = use epochs), got {job.steps}")
+    need(job.epochs >= 1, f"epochs must be >= 1, got {job.epochs}")
+    need(job.steps_per_epoch >= 0, f"steps_per_epoch must be >= 0 (0 = one pass over the data), got {job.steps_per_epoch}")
+    need(job.timing_warmup_steps >= 0, f"timing_warmup_steps must be >= 0, got {job.timing_warmup_steps}")
+    need(math.isfinite(job.learning_rate) and job.learning_rate > 0, f"learning_rate must be > 0, got {job.learning_rate}")
+    need(0 <= job.momentum < 1, f"momentum must be in [0, 1), got {job.momentum}")
+    need(job.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {job.warmup_epochs}")
+    need(math.isfinite(job.weight_decay) and job.weight_decay >= 0, f"weight_decay must be >= 0, got {job.weight_decay}")
+    need(job.num_classes >= 2, f"num_classes must be >= 2, got {job.num_classes}")
+    need(job.synthetic_samples >= 1, f"synthetic_samples must be >= 1, got {job.synthetic_samples}")
+    need(len(job.image_shape) == 3 and all(d >= 1 for d in job.image_shape),
+         f"image_shape must be [height, width, channels] with positive sizes, got {list(job.image_shape)}")
+    need(all(w >= 1 for w in job.mlp_hidden), f"mlp_hidden widths must be >= 1, got {list(job.mlp_hidden)}")
+    need(0 <= job.seed < 2**31, f"seed must be in [0, 2^31), got {job.seed}")
+    if job.dataset in ("mnist", "fashion_mnist", "cifar10", "image_folder"):
+        need(bool(job.data_dir), f"dataset {job.dataset!r} needs data_dir (nothing is downloaded); "
+             f"set it in the job file or with --set data_dir=PATH")
+
+
+def _coerce(key: str, value: Any, *, from_string: bool) -> Any:
+    """Type-check (and, for --set strings, parse) one value against the field's declared type."""
+    f = FIELDS[key]
+    default = f.default
+    kind = type(default)
+    if from_string:
+        text = value.strip()
+        try:
+            if kind is bool:
+                low = text.lower()
+                if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError
+                return low in ("true", "1", "yes", "on")
+            if kind is int:
+                return int(text)
+            if kind is float:
+                return float(text)
+            if kind is tuple:
+                parts = [p for p in text.strip("[]() ").split(",") if p.strip()]
+                return tuple(int(p) for p in parts)
+            return text
+        except ValueError:
+            raise JobError(f"--set {key}={value}: expected {_type_name(kind)}") from None
+    # values from TOML: exact types, ints accepted for floats, lists for tuples
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is tuple and isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise JobError(f"job key {key!r}: expected {_type_name(kind)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _type_name(kind: type) -> str:
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+            tuple: "a list of integers"}[kind]
+
+
+def _suggest(key: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, FIELDS, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse_sets(sets: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in sets:
+        if "=" not in item:
+            raise JobError(f"--set {item!r}: expected key=value")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        if k not in FIELDS:
+            raise JobError(f"--set {k}: unknown job key{_suggest(k)}; keys: {', '.join(FIELDS)}")
+        out[k] = v
+    return out
+
+
+def load_job(path: str | Path | None, sets: list[str] | tuple[str, ...] = ()) -> Job:
+    """Load a job TOML (flat table of keys) and apply ``--set`` overrides; raises JobError on any problem."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise JobError(f"job file {str(p)!r} not found")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise JobError(f"job file {str(p)!r} is not valid TOML: {e}") from None
+        for k, v in raw.items():
+            if k not in FIELDS:
+                raise JobError(f"job file {str(p)!r}: unknown key {k!r}{_suggest(k)}")
+            values[k] = _coerce(k, v, from_string=False)
+        values.setdefault("name", p.stem)
+    for k, v in parse_sets(list(sets)).items():
+        values[k] = _coerce(k, v, from_string=True)
+    return Job(**values)
+
+
+def job_from_dict(d: dict[str, Any]) -> Job:
+    """Rebuild a Job from a results JSON's ``job`` field (exact round trip of ``to_dict``)."""
+    return Job(**{k: _coerce(k, v, from_string=False) for k, v in d.items()})

@@ -1,0 +1,88 @@
+"""Shared helpers: run the real entry points as processes (CPU, loopback) and read their results JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+BIN = Path(PY).parent
+SMOKE = str(REPO / "jobs" / "smoke.toml")
+RUN_TIMEOUT = 300  # seconds for one multi-process run; a hang fails the test instead of eating CI's budget
+
+
+def base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "TF_USE_LEGACY_KERAS": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "PYTHONPATH": str(REPO),
+        "PATH": f"{BIN}:{env.get('PATH', '')}",
+    })
+    env.pop("TF_CONFIG", None)
+    for k in [k for k in env if k.startswith(("SLURM_", "OMPI_COMM_WORLD", "PMIX_", "HOROVOD_"))]:
+        env.pop(k)
+    return env
+
+
+def run(cmd: list[str], *, timeout: int = RUN_TIMEOUT, env: dict[str, str] | None = None,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def native_cmd(results: Path, *extra: str, nproc: int = 1, job: str = SMOKE) -> list[str]:
+    return [PY, "-m", "backends.native", "--nproc", str(nproc), "--job", job, "--results", str(results),
+            "--quiet", *extra]
+
+
+def horovod_cmd(results: Path, *extra: str, np_: int = 2, job: str = SMOKE) -> list[str]:
+    body = [PY, "-m", "backends.horovod", "--job", job, "--results", str(results), "--quiet", *extra]
+    if np_ == 1:
+        return body  # hvd.init() with no launcher is a world of one
+    return [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *body]
+
+
+def only_result(results: Path) -> dict[str, Any]:
+    files = sorted(p for p in results.glob("*.json") if not p.name.startswith("."))
+    assert len(files) == 1, f"expected one results JSON in {results}, found {[f.name for f in files]}"
+    return json.loads(files[0].read_text())
+
+
+def first_divergence(a: list[float], b: list[float], rtol: float) -> str | None:
+    """None when equal within rtol, else a message naming the first diverging step."""
+    if len(a) != len(b):
+        return f"different step counts: {len(a)} vs {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if abs(x - y) > rtol * max(abs(x), abs(y), 1e-12):
+            return f"first diverging step {i + 1}: {x!r} vs {y!r} (rel diff {abs(x - y) / max(abs(x), abs(y)):.2e})"
+    return None
+
+
+@pytest.fixture(scope="session")
+def runner(tmp_path_factory: pytest.TempPathFactory):
+    """Runs each distinct command once per session and returns its results record (runs are serial: 2 cores)."""
+    cache: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def go(kind: str, *extra: str, workers: int = 2) -> dict[str, Any]:
+        key = (kind, str(workers), *extra)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"{kind}{workers}")
+            cmd = native_cmd(out, *extra, nproc=workers) if kind == "native" else horovod_cmd(out, *extra, np_=workers)
+            run(cmd)
+            cache[key] = only_result(out)
+        return cache[key]
+
+    return go

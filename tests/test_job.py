@@ -1,0 +1,97 @@
+"""The job config: validation, --set typing, and a hash that ignores the backend and the label."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.job import FIELDS, Job, JobError, job_from_dict, load_job
+
+REPO = Path(__file__).resolve().parent.parent
+JOB_FILES = sorted((REPO / "jobs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=[p.name for p in JOB_FILES])
+def test_shipped_jobs_load(path):
+    job = load_job(path)
+    assert job.name == path.stem
+    assert len(job.job_hash) == 16
+
+
+def test_smoke_job_is_small_and_deterministic():
+    job = load_job(REPO / "jobs" / "smoke.toml")
+    assert (job.model, job.dataset, job.steps) == ("mlp", "synthetic", 12)
+    assert job.steps > job.timing_warmup_steps
+
+
+def test_set_overrides_are_typed():
+    job = load_job(None, ["per_replica_batch_size=8", "learning_rate=0.5", "xla=true", "mlp_hidden=[4,5]",
+                          "mode=ctl"])
+    assert job.per_replica_batch_size == 8 and isinstance(job.per_replica_batch_size, int)
+    assert job.learning_rate == 0.5 and job.xla is True and job.mlp_hidden == (4, 5) and job.mode == "ctl"
+
+
+@pytest.mark.parametrize("sets, fragment", [
+    (["per_replica_batch_size=abc"], "expected an integer"),
+    (["per_replica_batch_size=0"], "per_replica_batch_size must be >= 1"),
+    (["steps=-1"], "steps must be >= 0"),
+    (["learning_rate=-0.1"], "learning_rate must be > 0"),
+    (["learning_rat=0.1"], "did you mean 'learning_rate'"),
+    (["model=resnet57"], "unknown model"),
+    (["dataset=imagenet"], "unknown dataset"),
+    (["optimizer=lamb"], "unknown optimizer"),
+    (["mode=train"], "unknown mode"),
+    (["xla=maybe"], "expected true/false"),
+    (["lr_scaling=sqrt"], "unknown lr_scaling"),
+    (["dataset=cifar10"], "needs data_dir"),
+    (["noequals"], "expected key=value"),
+    (["image_shape=[28,28]"], "image_shape must be"),
+])
+def test_bad_overrides_are_one_line_errors(sets, fragment):
+    with pytest.raises(JobError) as e:
+        load_job(None, sets)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_toml_files(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("model = \n")
+    with pytest.raises(JobError, match="not valid TOML"):
+        load_job(bad)
+    bad.write_text('per_replica_batch_size = "16"\n')
+    with pytest.raises(JobError, match="expected an integer"):
+        load_job(bad)
+    bad.write_text("stepz = 3\n")
+    with pytest.raises(JobError, match="did you mean 'steps'"):
+        load_job(bad)
+    with pytest.raises(JobError, match="not found"):
+        load_job(tmp_path / "missing.toml")
+
+
+def test_hash_ignores_name_but_not_math():
+    a = Job(name="a")
+    assert Job(name="b").job_hash == a.job_hash
+    for key, value in [("per_replica_batch_size", 64), ("seed", 1), ("mode", "ctl"), ("learning_rate", 0.02)]:
+        assert Job(**{key: value}).job_hash != a.job_hash, key
+
+
+def test_no_backend_or_world_size_in_the_job():
+    assert not {"backend", "world_size", "nproc", "num_workers"} & set(FIELDS)
+
+
+def test_round_trip_through_results_json():
+    job = load_job(REPO / "jobs" / "smoke.toml", ["mode=ctl"])
+    again = job_from_dict(job.to_dict())
+    assert again == job and again.job_hash == job.job_hash
+
+
+def test_derived_quantities():
+    job = Job(per_replica_batch_size=16, learning_rate=0.1, lr_scaling="linear", synthetic_samples=100)
+    assert job.global_batch_size(4) == 64
+    assert job.scaled_learning_rate(4) == pytest.approx(0.4)
+    assert job.resolve_steps(100, 4) == (1, 1)
+    assert Job(lr_scaling="none", learning_rate=0.1).scaled_learning_rate(8) == pytest.approx(0.1)
+    with pytest.raises(JobError, match="fewer than one global batch"):
+        job.resolve_steps(100, 8)
