@@ -59,9 +59,11 @@ class Backend(abc.ABC):
 
     def after_first_step(self, model: Any, optimizer: Any) -> None:
         """Hook for one-time synchronisation that needs optimizer slots to exist."""
+        return None
 
     def before_training(self, model: Any) -> None:
         """Hook for one-time synchronisation of the freshly built model."""
+        return None
 
     @abc.abstractmethod
     def allgather(self, obj: Any) -> list[Any]:
@@ -72,3 +74,4 @@ class Backend(abc.ABC):
 
     def shutdown(self) -> None:
         """Release communication resources before exit."""
+        return None

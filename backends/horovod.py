@@ -40,7 +40,8 @@ class HorovodBackend(Backend):
             import horovod.tensorflow as htf  # tensors: broadcast, allgather, DistributedGradientTape
             import horovod.tensorflow.keras as hvd  # Keras: DistributedOptimizer, callbacks
         except ImportError as e:
-            raise cli.UsageError(f"Horovod is not importable ({e}); run `make setup` (or see README) to build it")
+            raise cli.UsageError(
+                f"Horovod is not importable ({e}); run `make setup` (or see README) to build it") from None
         import tensorflow as tf
 
         from common.train import configure_threads

@@ -200,7 +200,7 @@ def free_ports(n: int) -> list[int]:
 
 def strip_nproc(argv: list[str]) -> list[str]:
     out, skip = [], False
-    for i, a in enumerate(argv):
+    for a in argv:
         if skip:
             skip = False
             continue
@@ -224,6 +224,7 @@ def launch_local(n: int, argv: list[str]) -> int:
         env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
         env["TWINBENCH_LOCAL_RANK"] = str(i)
         env["TWINBENCH_LOCAL_SIZE"] = str(n)
+        env["TWINBENCH_LAUNCH_COMMAND"] = json.dumps(list(sys.orig_argv))
         procs.append(subprocess.Popen(child_argv, env=env))
     status = 0
     try:

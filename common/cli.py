@@ -75,7 +75,11 @@ def legacy_keras() -> None:
 
 
 def command_line() -> list[str]:
-    return [sys.executable, *sys.argv]
+    """The exact command line: the launcher's under --nproc (it passes it down), else this process's."""
+    import json
+
+    launched = os.environ.get("TWINBENCH_LAUNCH_COMMAND")
+    return json.loads(launched) if launched else list(sys.orig_argv)
 
 
 def env_int(*names: str, default: int) -> int:

@@ -29,9 +29,8 @@ def check() -> dict[str, Any]:
         out["native"] = f"cannot run: {e}"
         out["missing"].append("tensorflow==2.18.1")
     try:
-        import horovod.tensorflow as hvd
-
         import horovod
+        import horovod.tensorflow as hvd
 
         out["horovod"] = horovod.__version__
         out["horovod_controllers"] = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())}

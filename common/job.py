@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +74,18 @@ class Job:
 
     @property
     def job_hash(self) -> str:
-        """sha256 (16 hex chars) of the canonical JSON of every field except ``name``."""
+        """sha256 (16 hex chars) of the canonical JSON of every field that is used, except ``name``."""
         d = self.to_dict()
         d.pop("name")
+        # Keys the job does not use cannot change its math: leave them out so equal jobs hash equal.
+        if self.dataset not in ("synthetic", "image_folder"):
+            d.pop("image_shape"), d.pop("num_classes")
+        if self.dataset != "synthetic":
+            d.pop("synthetic_samples")
+        if self.model != "mlp":
+            d.pop("mlp_hidden")
+        if self.optimizer != "momentum":
+            d.pop("momentum")
         blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -126,12 +135,15 @@ def _validate(job: Job) -> None:
     need(job.per_replica_batch_size >= 1, f"per_replica_batch_size must be >= 1, got {job.per_replica_batch_size}")
     need(job.steps >= 0, f"steps must be >= 0 (0 = use epochs), got {job.steps}")
     need(job.epochs >= 1, f"epochs must be >= 1, got {job.epochs}")
-    need(job.steps_per_epoch >= 0, f"steps_per_epoch must be >= 0 (0 = one pass over the data), got {job.steps_per_epoch}")
+    need(job.steps_per_epoch >= 0,
+         f"steps_per_epoch must be >= 0 (0 = one pass over the data), got {job.steps_per_epoch}")
     need(job.timing_warmup_steps >= 0, f"timing_warmup_steps must be >= 0, got {job.timing_warmup_steps}")
-    need(math.isfinite(job.learning_rate) and job.learning_rate > 0, f"learning_rate must be > 0, got {job.learning_rate}")
+    need(math.isfinite(job.learning_rate) and job.learning_rate > 0,
+         f"learning_rate must be > 0, got {job.learning_rate}")
     need(0 <= job.momentum < 1, f"momentum must be in [0, 1), got {job.momentum}")
     need(job.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {job.warmup_epochs}")
-    need(math.isfinite(job.weight_decay) and job.weight_decay >= 0, f"weight_decay must be >= 0, got {job.weight_decay}")
+    need(math.isfinite(job.weight_decay) and job.weight_decay >= 0,
+         f"weight_decay must be >= 0, got {job.weight_decay}")
     need(job.num_classes >= 2, f"num_classes must be >= 2, got {job.num_classes}")
     need(job.synthetic_samples >= 1, f"synthetic_samples must be >= 1, got {job.synthetic_samples}")
     need(len(job.image_shape) == 3 and all(d >= 1 for d in job.image_shape),

@@ -79,11 +79,11 @@ def hostname() -> str:
 
 
 def new_run_id() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
 def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def result_filename(rec: dict[str, Any]) -> str:
@@ -116,9 +116,10 @@ def check_results_dir(path: str | os.PathLike[str]) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise OSError(f"results dir {str(p)!r} is not writable ({e.strerror}); pass --results to a writable dir") from None
+        raise OSError(f"results dir {str(p)!r} is not writable ({e.strerror}); "
+                      "pass --results to a writable dir") from None
     return p
 
 
 def now_iso_from(epoch_seconds: float) -> str:
-    return _dt.datetime.fromtimestamp(epoch_seconds, _dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.fromtimestamp(epoch_seconds, _dt.UTC).isoformat(timespec="seconds")

@@ -297,7 +297,7 @@ def _custom_loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset
         grads = backend.wrap_tape(tape).gradient(target, model.trainable_variables)
         if mixed:
             grads = optimizer.get_unscaled_gradients(grads)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
         return loss * replicas  # this replica's own mean loss (+ regularisation)
 
     @tf.function

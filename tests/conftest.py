@@ -65,7 +65,7 @@ def first_divergence(a: list[float], b: list[float], rtol: float) -> str | None:
     """None when equal within rtol, else a message naming the first diverging step."""
     if len(a) != len(b):
         return f"different step counts: {len(a)} vs {len(b)}"
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if abs(x - y) > rtol * max(abs(x), abs(y), 1e-12):
             return f"first diverging step {i + 1}: {x!r} vs {y!r} (rel diff {abs(x - y) / max(abs(x), abs(y)):.2e})"
     return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+
 import pytest
 
 from tests.conftest import REPO, base_env
@@ -73,3 +74,16 @@ def test_nproc_with_tf_config_is_refused(tmp_path):
 def test_help_exits_0():
     proc = _run("backends.native", ["--help"])
     assert proc.returncode == 0 and "--nproc" in proc.stdout
+
+
+def test_horovod_not_importable(tmp_path):
+    fake = tmp_path / "horovod"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('built without TensorFlow support')\n")
+    env = base_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{REPO}"
+    proc = subprocess.run([sys.executable, "-m", "backends.horovod", "--results", str(tmp_path / "r")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("backends.horovod: error: Horovod is not importable")
+    assert "Traceback" not in proc.stderr

@@ -95,3 +95,16 @@ def test_derived_quantities():
     assert Job(lr_scaling="none", learning_rate=0.1).scaled_learning_rate(8) == pytest.approx(0.1)
     with pytest.raises(JobError, match="fewer than one global batch"):
         job.resolve_steps(100, 8)
+
+
+def test_hash_ignores_unused_keys():
+    base = Job(dataset="cifar10", data_dir="d", model="resnet56", optimizer="adam")
+    assert Job(dataset="cifar10", data_dir="d", model="resnet56", optimizer="adam", num_classes=5,
+               mlp_hidden=(3,), momentum=0.5, synthetic_samples=7).job_hash == base.job_hash
+    assert Job(momentum=0.5, optimizer="momentum").job_hash != Job(optimizer="momentum").job_hash
+
+
+def test_readme_documents_every_job_key():
+    readme = (REPO / "README.md").read_text()
+    for key in FIELDS:
+        assert f"| `{key}` [" in readme, f"README's job key table misses {key}"

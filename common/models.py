@@ -1,0 +1,187 @@
+"""Models: the same functional tf.keras (legacy Keras 2, tf_keras) graph for both backends, returning logits.
+
+Builtins: ``mlp``, ``small_cnn`` (the Fashion-MNIST tutorial CNN), ``resnet56`` (He et al. 2016, CIFAR
+variant). Any other name is a ``tf.keras.applications`` constructor built with ``weights=None``. The last layer
+is always float32 (a linear Activation with dtype float32) so logits and the loss stay float32 under the
+mixed_float16 policy. Weights are random from the global seed the caller sets
+(``tf.keras.utils.set_random_seed(job.seed)``) before ``build_model``; this module never seeds anything.
+TensorFlow is imported lazily so that importing this module (e.g. for ``model_names``) stays cheap.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from common.job import BUILTIN_MODELS, Job
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+
+class ModelError(ValueError):
+    """The model cannot be built (unknown name, input too small...); the message is one line for the user."""
+
+
+# Kernel attributes / regularizer attributes of the layers whose kernels get L2 (Conv*, Dense, depthwise and
+# separable convolutions); biases, BatchNorm and embeddings are not decayed.
+_KERNEL_REGULARIZERS = {"kernel": "kernel_regularizer", "depthwise_kernel": "depthwise_regularizer",
+                        "pointwise_kernel": "pointwise_regularizer"}
+# ResNet-56 = 6n + 2 layers with n = 9 basic blocks per stage (He et al. 2016, section 4.2).
+_RESNET56_BLOCKS = 9
+# Filters of the three stages of the CIFAR ResNets (feature maps 32x32, 16x16, 8x8 on CIFAR).
+_RESNET_FILTERS = (16, 32, 64)
+# BatchNorm as in the reference CIFAR implementations (torch defaults), rather than Keras' 0.99 / 1e-3.
+_BN_MOMENTUM = 0.9
+_BN_EPSILON = 1e-5
+
+
+def _tf() -> Any:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # legacy Keras 2 (tf_keras) for tf.keras, before TF loads
+    import tensorflow as tf
+
+    return tf
+
+
+def model_names() -> list[str]:
+    """The builtin model names (any tf.keras.applications constructor name is accepted as well)."""
+    return list(BUILTIN_MODELS)
+
+
+def application_names() -> list[str]:
+    """Constructor names available in tf.keras.applications (imports TensorFlow)."""
+    apps = _tf().keras.applications
+    return sorted(n for n in dir(apps) if n[:1].isupper() and callable(getattr(apps, n)))
+
+
+def build_model(job: Job, input_shape: tuple[int, int, int], num_classes: int) -> tf.keras.Model:
+    """A functional tf.keras model mapping float32 images [B, *input_shape] to float32 logits [B, num_classes].
+
+    job.weight_decay > 0 puts an L2(weight_decay) regularizer on every Conv/Dense kernel (``model.losses``).
+    Raises ModelError (one line) for an unknown model name or an input shape the model cannot take.
+    """
+    tf = _tf()
+    input_shape = tuple(int(d) for d in input_shape)
+    reg = tf.keras.regularizers.L2(job.weight_decay) if job.weight_decay > 0 else None
+    try:
+        if job.model == "mlp":
+            model = _mlp(tf, job.mlp_hidden, input_shape, num_classes, reg)
+        elif job.model == "small_cnn":
+            model = _small_cnn(tf, input_shape, num_classes, reg)
+        elif job.model == "resnet56":
+            model = _cifar_resnet(tf, _RESNET56_BLOCKS, input_shape, num_classes, reg, name="resnet56")
+        else:
+            model = _application(tf, job.model, input_shape, num_classes, job.weight_decay)
+    except ModelError:
+        raise
+    except ValueError as e:  # keras' shape checks (minimum input size, negative dimensions...)
+        raise ModelError(f"model {job.model!r} cannot be built for input shape {input_shape} and "
+                         f"{num_classes} classes: {_one_line(e)}") from None
+    return model
+
+
+def _one_line(e: Exception) -> str:
+    """The informative line of a (multi-line) Keras/TF error, without the graph-node dump."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith(("Exception encountered", "Call arguments received", "•"))]
+    line = (useful or lines or [type(e).__name__])[0]
+    line = re.sub(r" for '\{\{node .*?\}\}.*?' with", " with", line)  # "for '{{node x}} = MaxPool[...]' with"
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _logits(tf: Any, x: Any) -> Any:
+    # float32 output even under mixed_float16: softmax/cross-entropy on float16 logits loses precision
+    return tf.keras.layers.Activation("linear", dtype="float32", name="logits")(x)
+
+
+def _mlp(tf: Any, hidden: tuple[int, ...], input_shape: tuple[int, ...], num_classes: int, reg: Any) -> Any:
+    L = tf.keras.layers
+    inputs = tf.keras.Input(shape=input_shape, name="images")
+    x = L.Flatten()(inputs)
+    for i, width in enumerate(hidden):
+        x = L.Dense(width, activation="relu", kernel_regularizer=reg, name=f"hidden_{i}")(x)
+    x = L.Dense(num_classes, kernel_regularizer=reg, name="classifier")(x)
+    return tf.keras.Model(inputs, _logits(tf, x), name="mlp")
+
+
+def _small_cnn(tf: Any, input_shape: tuple[int, ...], num_classes: int, reg: Any) -> Any:
+    L = tf.keras.layers
+    inputs = tf.keras.Input(shape=input_shape, name="images")
+    x = L.Conv2D(32, 3, activation="relu", kernel_regularizer=reg)(inputs)
+    x = L.MaxPooling2D(2)(x)
+    x = L.Conv2D(64, 3, activation="relu", kernel_regularizer=reg)(x)
+    x = L.MaxPooling2D(2)(x)
+    x = L.Flatten()(x)
+    x = L.Dense(64, activation="relu", kernel_regularizer=reg)(x)
+    x = L.Dense(num_classes, kernel_regularizer=reg, name="classifier")(x)
+    return tf.keras.Model(inputs, _logits(tf, x), name="small_cnn")
+
+
+def _cifar_resnet(tf: Any, blocks: int, input_shape: tuple[int, ...], num_classes: int, reg: Any,
+                  name: str) -> Any:
+    """He et al. 2016 CIFAR ResNet (v1, post-activation): 3x3 conv 16, 3 stages of ``blocks`` basic blocks.
+
+    Down-sampling (stride 2) in the first block of stages 2 and 3, with the paper's parameter-free shortcut
+    (option A: subsample by 2, zero-pad the new channels), so ResNet-56 has the paper's 0.85M parameters.
+    """
+    L = tf.keras.layers
+
+    def conv(x: Any, filters: int, stride: int) -> Any:
+        return L.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False,
+                        kernel_initializer="he_normal", kernel_regularizer=reg)(x)
+
+    def bn(x: Any) -> Any:
+        return L.BatchNormalization(momentum=_BN_MOMENTUM, epsilon=_BN_EPSILON)(x)
+
+    inputs = tf.keras.Input(shape=input_shape, name="images")
+    x = L.ReLU()(bn(conv(inputs, _RESNET_FILTERS[0], 1)))
+    for stage, filters in enumerate(_RESNET_FILTERS):
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            y = L.ReLU()(bn(conv(x, filters, stride)))
+            y = bn(conv(y, filters, 1))
+            shortcut = x
+            if stride != 1 or x.shape[-1] != filters:
+                # option A: x[:, ::2, ::2] has the size of a stride-2 "same" conv output (ceil(H/2))
+                extra = filters - x.shape[-1]
+                shortcut = x[:, ::stride, ::stride, :]
+                shortcut = tf.pad(shortcut, [[0, 0], [0, 0], [0, 0], [extra // 2, extra - extra // 2]])
+            x = L.ReLU()(L.Add()([y, shortcut]))
+    x = L.GlobalAveragePooling2D()(x)
+    x = L.Dense(num_classes, kernel_regularizer=reg, name="classifier")(x)
+    return tf.keras.Model(inputs, _logits(tf, x), name=name)
+
+
+def _application(tf: Any, name: str, input_shape: tuple[int, ...], num_classes: int, weight_decay: float) -> Any:
+    apps = tf.keras.applications
+    ctor = getattr(apps, name, None)
+    if not name[:1].isupper() or not callable(ctor):
+        valid = application_names()
+        close = difflib.get_close_matches(name, valid, n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ModelError(f"unknown model {name!r}: {hint}use one of {', '.join(BUILTIN_MODELS)} or a "
+                         f"tf.keras.applications name ({len(valid)} available, e.g. ResNet50, MobileNetV2, "
+                         "EfficientNetB0, DenseNet121)")
+    try:
+        base = ctor(weights=None, input_shape=input_shape, classes=num_classes, classifier_activation=None)
+    except TypeError as e:  # a constructor without these arguments is not an ImageNet-style classifier
+        raise ModelError(f"model {name!r} cannot be built as a classifier: {_one_line(e)}") from None
+    if weight_decay > 0:
+        base = _with_kernel_l2(tf, base, weight_decay)
+    return tf.keras.Model(base.inputs, _logits(tf, base.outputs[0]), name=base.name)
+
+
+def _with_kernel_l2(tf: Any, model: Any, weight_decay: float) -> Any:
+    """The same architecture rebuilt from its config with L2 regularizers on every kernel.
+
+    Setting the regularizer attributes and rebuilding (rather than ``add_loss`` closures) keeps the
+    regularizers in the layer configs, so they survive cloning / serialisation exactly like the builtins'.
+    The rebuilt model gets fresh weights, still deterministic under the caller's global seed.
+    """
+    for layer in model.layers:
+        for kernel, reg_attr in _KERNEL_REGULARIZERS.items():
+            if getattr(layer, kernel, None) is not None and hasattr(layer, reg_attr):
+                setattr(layer, reg_attr, tf.keras.regularizers.L2(weight_decay))
+    return tf.keras.Model.from_config(model.get_config())

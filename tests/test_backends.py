@@ -1,0 +1,69 @@
+"""Backend options beyond the default 2-worker parity runs: mirrored, one_device, comm fallback, MPI launch."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.conftest import PY, SMOKE, first_divergence, only_result, run
+
+pytestmark = pytest.mark.distributed
+RTOL = 1e-5
+
+
+def test_mirrored_two_logical_cpus_equals_one_replica_double_batch(runner, tmp_path):
+    """One process, two replicas (2 logical CPU devices): same losses as one replica with the double batch."""
+    run([PY, "-m", "backends.native", "--strategy", "mirrored", "--logical-cpus", "2", "--job", SMOKE,
+         "--results", str(tmp_path), "--quiet"])
+    mir = only_result(tmp_path)
+    assert mir["backend_info"]["strategy"] == "MirroredStrategy"
+    assert mir["world_size"] == 2 and mir["num_workers"] == 1 and mir["backend_info"]["replicas_per_worker"] == 2
+    one = runner("native", "--set", "per_replica_batch_size=32", workers=1)
+    assert mir["global_batch_size"] == one["global_batch_size"]
+    msg = first_divergence(mir["step_losses"], one["step_losses"], RTOL)
+    assert msg is None, msg
+
+
+def test_one_device_baseline(tmp_path):
+    run([PY, "-m", "backends.native", "--strategy", "one_device", "--job", SMOKE, "--set", "mode=ctl",
+         "--results", str(tmp_path), "--quiet"])
+    rec = only_result(tmp_path)
+    assert rec["backend_info"]["strategy"] == "OneDeviceStrategy" and rec["world_size"] == 1
+    assert rec["step_losses"][-1] < rec["step_losses"][0]
+
+
+def test_nccl_without_gpu_warns_and_uses_ring(tmp_path):
+    proc = run([PY, "-m", "backends.native", "--comm", "nccl", "--job", SMOKE, "--set", "steps=3",
+                "--results", str(tmp_path), "--quiet"])
+    assert "--comm nccl needs GPUs" in proc.stderr
+    assert only_result(tmp_path)["backend_info"]["communication"] == "ring"
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI not installed (make setup installs it)")
+def test_horovod_under_mpirun_matches_gloo(runner, tmp_path):
+    """The MPI controller computes what the Gloo controller computes."""
+    run(["mpirun", "-np", "2", "--oversubscribe", "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_USE_LEGACY_KERAS",
+         str(PY), "-m", "backends.horovod", "--job", SMOKE, "--results", str(tmp_path), "--quiet"])
+    mpi = only_result(tmp_path)
+    assert mpi["backend_info"]["controller"] == "mpi"
+    gloo = runner("horovod")
+    assert gloo["backend_info"]["controller"] == "gloo"
+    msg = first_divergence(mpi["step_losses"], gloo["step_losses"], RTOL)
+    assert msg is None, msg
+
+
+def test_results_record_is_complete(runner):
+    rec = runner("native")
+    for key in ("backend", "world_size", "mode", "job_hash", "job", "step_losses", "images_per_sec", "step_time",
+                "versions", "hosts", "command", "per_rank_step_times", "time_to_first_step", "weights_digest"):
+        assert key in rec, key
+    assert len(rec["per_rank_step_times"]) == rec["num_workers"] == 2
+    assert len(rec["hosts"]) == 2 and all(rec["hosts"])
+    assert rec["versions"]["tensorflow"].startswith("2.18") and "horovod" not in rec["versions"]
+    assert rec["command"][1:5] == ["-m", "backends.native", "--nproc", "2"]  # what the user typed
+    # Throughput is measured over the timed window of the slowest rank, not rank 0 x N.
+    warm = rec["step_time"]["warmup_steps"]
+    slowest = max(sum(r[warm:]) for r in rec["per_rank_step_times"])
+    assert rec["images_per_sec"] == pytest.approx(rec["global_batch_size"] * (rec["steps"] - warm) / slowest)
+    assert rec["time_to_first_step"] > 0
