@@ -20,6 +20,8 @@ class Backend(abc.ABC):
     local_rank: int = 0  # index among processes on this host (device pinning)
     local_size: int = 1  # processes on this host (thread budget)
     replicas_per_worker: int = 1  # model replicas driven by one process (>1 only for native mirrored)
+    watchdog: Any = None  # common.reliability.Watchdog once training has started with peers
+    writes_checkpoint: bool = True  # does this rank take part in writing a checkpoint (see common.train)
 
     @property
     def num_replicas(self) -> int:
@@ -47,7 +49,8 @@ class Backend(abc.ABC):
     def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
         return optimizer
 
-    def fit_callbacks(self, job: Any, steps_per_epoch: int, learning_rate: float) -> list[Any]:
+    def fit_callbacks(self, job: Any, steps_per_epoch: int, learning_rate: float, fresh: bool = True) -> list[Any]:
+        """Backend callbacks for Keras fit; ``fresh`` is False when resuming mid-run."""
         return []
 
     def wrap_tape(self, tape: Any) -> Any:
@@ -64,6 +67,14 @@ class Backend(abc.ABC):
     def before_training(self, model: Any) -> None:
         """Hook for one-time synchronisation of the freshly built model."""
         return None
+
+    @abc.abstractmethod
+    def any_flag(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is True on any rank (a collective: all must call, at the same step)."""
+
+    def restore(self, ckpt: Any, path: str, model: Any, optimizer: Any) -> None:
+        """Load a checkpoint written by ``common.train`` into the (already built) model and optimizer."""
+        ckpt.read(path).assert_existing_objects_matched()
 
     @abc.abstractmethod
     def allgather(self, obj: Any) -> list[Any]:

@@ -52,15 +52,28 @@ class HorovodBackend(Backend):
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self.threads = configure_threads(self.local_size, self.args.threads)
         gpus = tf.config.list_physical_devices("GPU")
+        # The physical GPU ids the launcher gave this process (Slurm sets them per task); recorded with the device,
+        # since without a GPU behind them (fake gres, CPU runs) they are the only trace of the binding.
+        self.visible_gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self.physical_gpu = self.visible_gpus
         if gpus:
-            mine = gpus[self.local_rank % len(gpus)]  # pin one GPU per process by local rank
+            # Pin one GPU per process: the only one if the launcher bound this task to one (srun --gpus-per-task=1),
+            # else the local_rank-th of the node's GPUs (horovodrun, mpirun, srun with --gres=gpu:N alone).
+            index = 0 if len(gpus) == 1 else self.local_rank % len(gpus)
+            mine = gpus[index]
             tf.config.experimental.set_memory_growth(mine, True)
             tf.config.set_visible_devices(mine, "GPU")
             self.device = mine.name
+            ids = (self.visible_gpus or "").split(",")
+            self.physical_gpu = ids[index] if len(ids) == len(gpus) else str(index)
         self.compression = hvd.Compression.fp16 if self.args.fp16_allreduce else hvd.Compression.none
 
     def describe(self) -> dict[str, Any]:
         hvd = self.hvd
+        device, visible = self.device, getattr(self, "visible_gpus", None)
+        if visible is not None:  # "cpu (CUDA_VISIBLE_DEVICES=1)", ".../GPU:2 (CUDA_VISIBLE_DEVICES=0,1,2,3, GPU 2)"
+            pick = f", GPU {self.physical_gpu}" if self.physical_gpu != visible else ""
+            device = f"{device} (CUDA_VISIBLE_DEVICES={visible}{pick})"
         return {
             "controller": "gloo" if hvd.gloo_enabled() else ("mpi" if hvd.mpi_enabled() else "?"),
             "built": {"gloo": hvd.gloo_built(), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())},
@@ -68,7 +81,8 @@ class HorovodBackend(Backend):
             "threads_per_process": self.threads,
             "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default"),
             "cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME", "default"),
-            "device": self.device,
+            "device": device,
+            "cuda_visible_devices": visible,
         }
 
     def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
@@ -80,10 +94,10 @@ class HorovodBackend(Backend):
             return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
         return optimizer
 
-    def fit_callbacks(self, job: Any, steps_per_epoch: int, learning_rate: float) -> list[Any]:
+    def fit_callbacks(self, job: Any, steps_per_epoch: int, learning_rate: float, fresh: bool = True) -> list[Any]:
         hvd, tf = self.hvd, self.tf
         cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
-        if job.warmup_epochs:
+        if job.warmup_epochs and fresh:
             warm = hvd.callbacks.LearningRateWarmupCallback(
                 initial_lr=learning_rate, warmup_epochs=job.warmup_epochs, momentum_correction=False,
                 steps_per_epoch=steps_per_epoch, verbose=0)
@@ -108,6 +122,23 @@ class HorovodBackend(Backend):
     def after_first_step(self, model: Any, optimizer: Any) -> None:
         # Optimizer slots exist only after the first apply_gradients.
         self.htf.broadcast_variables(optimizer.variables(), root_rank=0)
+
+    @property
+    def writes_checkpoint(self) -> bool:
+        return self.rank == 0  # rank 0 writes; the others get its state by broadcast on restore
+
+    def restore(self, ckpt: Any, path: str, model: Any, optimizer: Any) -> None:
+        if self.rank == 0:
+            ckpt.read(path).assert_existing_objects_matched()
+        # Everyone else takes rank 0's weights and optimizer state (slots exist: common.train created them).
+        self.htf.broadcast_variables(model.variables, root_rank=0)
+        self.htf.broadcast_variables(optimizer.variables(), root_rank=0)
+
+    def any_flag(self, flag: bool) -> bool:
+        if self.num_workers == 1:
+            return flag
+        total = self.htf.allreduce(self.tf.constant(1.0 if flag else 0.0), op=self.htf.Sum, name="twinbench_flag")
+        return float(total) > 0
 
     def allgather(self, obj: Any) -> list[Any]:
         return list(self.htf.allgather_object(obj))

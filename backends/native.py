@@ -23,6 +23,7 @@ from typing import Any  # noqa: E402
 
 from backends.base import Backend  # noqa: E402
 from common import cli  # noqa: E402
+from common.reliability import EXIT_PREEMPTED  # noqa: E402
 
 PROG = "backends.native"
 STRATEGIES = ("mwms", "mirrored", "one_device")
@@ -69,12 +70,25 @@ class NativeBackend(Backend):
                                       "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
         self.threads = configure_threads(self.local_size, a.threads)
         gpus = tf.config.list_physical_devices("GPU")
+        # The physical GPU ids the launcher gave this task (Slurm sets them per task); recorded with the device,
+        # since without a GPU behind them (fake gres, CPU runs) they are the only trace of the binding.
+        self.visible_gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self.physical_gpu = self.visible_gpus
         if gpus and a.strategy != "mirrored":
-            # One device per worker: if this process sees several GPUs, take the local_rank-th (what Horovod does).
-            mine = gpus[self.local_rank % len(gpus)] if len(gpus) > 1 else gpus[0]
+            # One device per worker, never the resolver's auto_set_gpu (it would overwrite what Slurm set):
+            # - Slurm gave this task exactly one GPU (--gpus-per-task=1, --gpu-bind=single:1): that one;
+            # - the task sees all the node's GPUs (--gres=gpu:N alone, mpirun): the local_rank-th
+            #   (SLURM_LOCALID under srun), the rule Horovod ranks use.
+            index = 0 if len(gpus) == 1 else self.local_rank % len(gpus)
+            if len(gpus) > 1 and self.local_rank >= len(gpus):
+                print(f"[{PROG}] warning: local rank {self.local_rank} but only {len(gpus)} GPUs visible; "
+                      f"sharing GPU {index}", file=sys.stderr, flush=True)
+            mine = gpus[index]
             tf.config.set_visible_devices(mine, "GPU")
             tf.config.experimental.set_memory_growth(mine, True)
             self.device = mine.name
+            ids = (self.visible_gpus or "").split(",")
+            self.physical_gpu = ids[index] if len(ids) == len(gpus) else str(index)
             gpus = [mine]
         if a.logical_cpus > 1:
             cpu = tf.config.list_physical_devices("CPU")[0]
@@ -119,16 +133,24 @@ class NativeBackend(Backend):
         """Cluster from Slurm's variables without nvidia-smi: SlurmClusterResolver only for the spec."""
         a = self.args
         gpn = a.gpus_per_node if a.gpus_per_node >= 0 else visible_gpus
-        # auto_set_gpu=False: the resolver would overwrite CUDA_VISIBLE_DEVICES that Slurm already set per task;
-        # pinning is done in setup() from the GPUs this task sees.
+        # The resolver lists only gpus_per_node // gpus_per_task tasks per node (and fails on a zero step when a
+        # task sees one GPU or none): one GPU per task, and at least as many "GPUs" as tasks on the busiest node,
+        # so every task is in the spec. With auto_set_gpu=False these numbers assign no device: the resolver would
+        # overwrite the CUDA_VISIBLE_DEVICES Slurm set per task; setup() pins from what this task sees.
+        per_node = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE") or "1"
+        most_tasks = max(int(p.split("(")[0]) for p in per_node.split(","))
         slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
-            port_base=a.port_base, gpus_per_node=max(gpn, 1), auto_set_gpu=False)
+            port_base=a.port_base, gpus_per_node=max(gpn, most_tasks, 1), gpus_per_task=1, auto_set_gpu=False)
         self.cluster_source = "slurm"
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
             cluster_spec=slurm.cluster_spec(), task_type=slurm.task_type, task_id=slurm.task_id,
             num_accelerators={"GPU": min(visible_gpus, 1)}, rpc_layer="grpc")
 
     def describe(self) -> dict[str, Any]:
+        device, visible = self.device, getattr(self, "visible_gpus", None)
+        if visible is not None:  # "cpu (CUDA_VISIBLE_DEVICES=1)", ".../GPU:2 (CUDA_VISIBLE_DEVICES=0,1,2,3, GPU 2)"
+            pick = f", GPU {self.physical_gpu}" if self.physical_gpu != visible else ""
+            device = f"{device} (CUDA_VISIBLE_DEVICES={visible}{pick})"
         return {
             "strategy": type(self.strategy).__name__ if self.strategy is not None else None,
             "communication": self.comm_used,
@@ -137,7 +159,8 @@ class NativeBackend(Backend):
             "cluster": self.cluster,
             "cluster_source": getattr(self, "cluster_source",
                                       "tf_config" if os.environ.get("TF_CONFIG") else "single"),
-            "device": self.device,
+            "device": device,
+            "cuda_visible_devices": visible,
         }
 
     # -- training hooks ------------------------------------------------------------------------
@@ -154,6 +177,14 @@ class NativeBackend(Backend):
     def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         out = self.strategy.run(step_fn, args=tuple(batch))
         return list(self.strategy.experimental_local_results(out))
+
+    def any_flag(self, flag: bool) -> bool:
+        if self.num_workers == 1:
+            return flag
+        import tensorflow as tf
+
+        out = self._allsum(tf.constant([1.0 if flag else 0.0], dtype=tf.float64))
+        return float(out[0]) > 0
 
     def allgather(self, obj: Any) -> list[Any]:
         if self.num_workers == 1:
@@ -174,15 +205,24 @@ class NativeBackend(Backend):
 
         placed = np.zeros((self.num_workers, *vec.shape), dtype=np.float64)
         placed[self.rank] = vec
-        per = self.replicas_per_worker
+        return self._allsum(tf.constant(placed)).numpy()
 
-        def contribute() -> Any:
-            ctx = tf.distribute.get_replica_context()
-            keep = tf.cast(tf.equal(ctx.replica_id_in_sync_group % per, 0), tf.float64)  # one replica per worker
-            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(placed) * keep)
+    def _allsum(self, value: Any) -> Any:
+        """SUM of ``value`` over workers (one contribution per worker, whatever its local replica count)."""
+        import tensorflow as tf
 
-        out = self.strategy.run(tf.function(contribute))
-        return self.strategy.experimental_local_results(out)[0].numpy()
+        if not hasattr(self, "_allsum_fn"):
+            per = self.replicas_per_worker
+
+            def contribute(v: Any) -> Any:
+                ctx = tf.distribute.get_replica_context()
+                keep = tf.cast(tf.equal(ctx.replica_id_in_sync_group % per, 0), v.dtype)
+                # identity: place the input on this replica's device (a collective needs a device to reduce to)
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(v) * keep)
+
+            # One function for every shape (reduce_retracing): it is called at agreed steps and at the end.
+            self._allsum_fn = tf.function(lambda v: self.strategy.run(contribute, args=(v,)), reduce_retracing=True)
+        return self.strategy.experimental_local_results(self._allsum_fn(value))[0]
 
 
 # -- local launcher (--nproc) ----------------------------------------------------------------------
@@ -214,11 +254,15 @@ def strip_nproc(argv: list[str]) -> list[str]:
 
 
 def launch_local(n: int, argv: list[str]) -> int:
-    """Start n workers of this module with TF_CONFIG on loopback; the first failure stops the others."""
+    """Start n workers of this module with TF_CONFIG on loopback; the first failure stops the others.
+
+    SIGTERM/SIGUSR1 sent to the launcher (Slurm, scancel) are forwarded to every worker, which then checkpoint
+    together and exit 75; the launcher exits 75 too.
+    """
     ports = free_ports(n)
     workers = [f"127.0.0.1:{p}" for p in ports]
     child_argv = [sys.executable, "-m", "backends.native", *strip_nproc(argv)]
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
     for i in range(n):
         env = dict(os.environ)
         env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
@@ -226,6 +270,14 @@ def launch_local(n: int, argv: list[str]) -> int:
         env["TWINBENCH_LOCAL_SIZE"] = str(n)
         env["TWINBENCH_LAUNCH_COMMAND"] = json.dumps(list(sys.orig_argv))
         procs.append(subprocess.Popen(child_argv, env=env))
+
+    def forward(signum: int, frame: Any) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, forward)
     status = 0
     try:
         pending = set(range(n))
@@ -235,18 +287,52 @@ def launch_local(n: int, argv: list[str]) -> int:
                 if rc is None:
                     continue
                 pending.discard(i)
-                if rc != 0 and status == 0:
+                if rc == EXIT_PREEMPTED and status in (0, EXIT_PREEMPTED):
+                    status = EXIT_PREEMPTED  # the others checkpointed with it and are exiting too
+                    continue
+                if rc != 0 and status in (0, EXIT_PREEMPTED):
+                    how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
                     status = rc if rc > 0 else 128 - rc
-                    print(f"[{PROG}] worker {i} exited with status {rc}; stopping the others", file=sys.stderr,
-                          flush=True)
+                    print(f"[{PROG}] worker {i} (pid {procs[i].pid}) {how} first; stopping the others",
+                          file=sys.stderr, flush=True)
                     for j in pending:
-                        procs[j].send_signal(signal.SIGTERM)
+                        procs[j].kill()  # not SIGTERM: that would ask them to checkpoint with a peer missing
             time.sleep(0.2)
     except KeyboardInterrupt:
         for p in procs:
-            p.send_signal(signal.SIGTERM)
+            p.kill()
         status = 130
     return status
+
+
+def check_slurm_env(port_base: int) -> None:
+    """Under a multi-task Slurm step: the variables SlurmClusterResolver needs agree, and our port is free."""
+    ntasks = cli.env_int("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", default=1)
+    if ntasks <= 1:
+        return
+    if not 1024 <= port_base <= 65535 - ntasks:
+        raise cli.UsageError(f"--port-base {port_base} is out of range: use 1024..{65535 - ntasks} "
+                             "(IDRIS allows 10000-20000)")
+    missing = [v for v in ("SLURM_PROCID", "SLURM_LOCALID") if not os.environ.get(v)]
+    if not (os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+            or os.environ.get("SLURM_NODELIST")):
+        missing.append("SLURM_STEP_NODELIST")
+    if not (os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")):
+        missing.append("SLURM_STEP_TASKS_PER_NODE")
+    if missing:
+        raise cli.UsageError(f"SLURM_NTASKS={ntasks} but {', '.join(missing)} unset: launch with srun inside the "
+                             "allocation (or unset SLURM_NTASKS / set TF_CONFIG)")
+    procid = cli.env_int("SLURM_PROCID", default=0)
+    localid = cli.env_int("SLURM_LOCALID", default=0)
+    if not 0 <= procid < ntasks:
+        raise cli.UsageError(f"inconsistent Slurm environment: SLURM_PROCID={procid} with {ntasks} tasks")
+    port = port_base + localid  # SlurmClusterResolver gives the n-th task on a node port_base + n
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            raise cli.UsageError(f"port {port} (--port-base {port_base} + SLURM_LOCALID {localid}) is already in use "
+                                 "on this node; pass another --port-base") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, KeyError, TypeError, AssertionError):
             cli.fail(PROG, 'TF_CONFIG is malformed: expected {"cluster": {"worker": ["host:port", ...]}, '
                            '"task": {"type": "worker", "index": N}}')
+    if not os.environ.get("TF_CONFIG") and args.strategy == "mwms":
+        try:
+            check_slurm_env(args.port_base)
+        except cli.UsageError as e:
+            cli.fail(PROG, str(e))
     try:
         backend = NativeBackend(args)
         backend.setup()

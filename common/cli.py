@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from common import reliability as rel
 from common.job import Job, JobError, load_job
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,6 +42,19 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads per process (default 0 = cores / processes on this host)")
     p.add_argument("--quiet", action="store_true", help="no progress output (results are still written)")
+    r = p.add_argument_group("reliability")
+    r.add_argument("--peer-timeout", type=float, default=rel.PEER_TIMEOUT,
+                   help=f"seconds before a silent peer rank counts as lost and every rank exits {rel.EXIT_PEER_LOST} "
+                        f"(default {rel.PEER_TIMEOUT:g}: well under a minute, far above a healthy answer)")
+    r.add_argument("--stall-timeout", type=float, default=rel.STALL_TIMEOUT,
+                   help=f"seconds without a finished step before the run is declared hung (default "
+                        f"{rel.STALL_TIMEOUT:g}, covers first-step tracing; 0 = off)")
+    r.add_argument("--preempt-check-steps", type=int, default=10,
+                   help="every N steps all ranks agree whether SIGTERM/SIGUSR1 arrived (default 10: one scalar "
+                        "collective per 10 steps, at most 10 extra steps after a signal)")
+    r.add_argument("--resume-from", default=None, metavar="DIR",
+                   help="resume from this checkpoint dir (default: the run's own in RESULTS/checkpoints, if any)")
+    r.add_argument("--signal-at-step", type=int, default=0, help=argparse.SUPPRESS)  # testing aid: self-SIGTERM
     return p
 
 
@@ -59,6 +73,19 @@ def prepare(prog: str, args: argparse.Namespace) -> Job:
         fail(prog, str(e))
     if args.threads < 0:
         fail(prog, f"--threads must be >= 0, got {args.threads}")
+    if not args.peer_timeout > 0:
+        fail(prog, f"--peer-timeout must be > 0 seconds, got {args.peer_timeout}")
+    if args.stall_timeout < 0:
+        fail(prog, f"--stall-timeout must be >= 0 seconds (0 = off), got {args.stall_timeout}")
+    if args.preempt_check_steps < 1:
+        fail(prog, f"--preempt-check-steps must be >= 1, got {args.preempt_check_steps}")
+    if args.resume_from:
+        meta = rel.read_meta(Path(args.resume_from))
+        if meta is None:
+            fail(prog, f"--resume-from {args.resume_from!r} holds no complete checkpoint (no readable meta.json)")
+        if meta.get("job_hash") != job.job_hash:
+            fail(prog, f"--resume-from {args.resume_from!r} belongs to job {meta.get('job_name')!r} "
+                       f"({meta.get('job_hash')}), not {job.name!r} ({job.job_hash}); pass the matching job file")
     return job
 
 
@@ -95,9 +122,35 @@ def env_int(*names: str, default: int) -> int:
 
 
 def run_training(prog: str, backend: Any, job: Job, args: argparse.Namespace, t0: float) -> int:
-    from common.train import train
+    """Train; exit 0 when done, 75 after a preemption checkpoint, 2 when a checkpoint cannot resume this run."""
+    from common.train import Preempted, RunOptions, train
 
-    train(job, backend, t_process_start=t0, command=command_line(), results_dir=args.results,
-          verbose=not args.quiet)
+    opts = RunOptions(
+        t_process_start=t0, command=command_line(), results_dir=args.results, verbose=not args.quiet,
+        peer_timeout=args.peer_timeout, stall_timeout=args.stall_timeout,
+        preempt_check_steps=args.preempt_check_steps, signal_at_step=args.signal_at_step,
+        resume_from=args.resume_from,
+    )
+    try:
+        train(job, backend, opts)
+    except UsageError as e:
+        fail(prog, str(e))
+    except Preempted as e:
+        if backend.is_chief:
+            print(f"[twinbench] preempted: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(rel.EXIT_PREEMPTED)  # skip TF/Horovod teardown: the checkpoint is safe, exit promptly
+    except Exception as e:  # noqa: BLE001 - a failed collective: name the lost peer if there is one
+        dog = getattr(backend, "watchdog", None)
+        lost = dog.lost_peers() if dog is not None else []
+        if not lost:
+            raise
+        dog.stop()
+        who = ", ".join(f"rank {p['rank']} (host {p['host']}, pid {p['pid']})" for p in lost)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        print(f"[twinbench] error: lost {who}: it no longer answers; rank {backend.rank} stops "
+              f"({type(e).__name__}: {first})", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(rel.EXIT_PEER_LOST)
     backend.shutdown()
     return 0

@@ -336,7 +336,7 @@ def shard_geometry(global_batch_size: int, pipeline_index: int, num_pipelines: i
 
 
 def make_train_dataset(job: Job, global_batch_size: int, pipeline_index: int, num_pipelines: int,
-                       replicas_per_pipeline: int = 1) -> tf.data.Dataset:
+                       replicas_per_pipeline: int = 1, start_step: int = 0) -> tf.data.Dataset:
     """Infinite per-replica batches (images float32 [b,H,W,C] in [0,1], labels int32 [b]) of one input pipeline.
 
     b = global_batch_size // (num_pipelines * replicas_per_pipeline). Rule, identical on every rank and backend:
@@ -377,7 +377,9 @@ def make_train_dataset(job: Job, global_batch_size: int, pipeline_index: int, nu
     ds = tf.data.Dataset.range(n).shuffle(n, seed=job.seed, reshuffle_each_iteration=True)
     # Global batches first (drops the incomplete last one), then this pipeline's contiguous slots of each: the
     # order inside the slice is the slot order, so replica r of this pipeline gets rows [r*b, (r+1)*b).
-    ds = ds.batch(global_batch_size, drop_remainder=True).map(lambda idx: idx[lo:hi])
+    # repeat() right after the shuffle+batch: each repetition re-iterates the shuffle (a new order per epoch), and
+    # skip(start_step) then resumes an interrupted run exactly where it stopped, skipping indices, not images.
+    ds = ds.batch(global_batch_size, drop_remainder=True).repeat().skip(start_step).map(lambda idx: idx[lo:hi])
 
     if job.dataset == "image_folder":
         paths_t, labels_t = tf.constant(paths), tf.constant(labels)
@@ -405,4 +407,4 @@ def make_train_dataset(job: Job, global_batch_size: int, pipeline_index: int, nu
     options.deterministic = True
     # sharding is done above; letting tf.distribute shard again would drop or duplicate samples
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.repeat().prefetch(tf.data.AUTOTUNE).with_options(options)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)

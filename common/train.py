@@ -14,15 +14,21 @@ once at the end: every replica has the same batch size, so the mean of replica m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import math
 import os
-import sys
+import shutil
+import signal
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from backends.base import Backend
 from common import data as data_mod
+from common import reliability as rel
 from common import results as res
 from common.job import Job
 
@@ -82,39 +88,30 @@ def _callbacks_module() -> Any:
     import tensorflow as tf
 
     class StepRecorder(tf.keras.callbacks.Callback):
-        """Per-step end timestamps and this rank's per-step loss (``step_loss`` from the train step)."""
+        """Feeds Keras' batches to the shared ``StepHooks`` (timing, loss, watchdog, preemption agreement)."""
 
-        def __init__(self, rec: dict[str, Any], total: int) -> None:
+        def __init__(self, hooks: StepHooks) -> None:
             super().__init__()
-            self.rec, self.total, self.step = rec, total, 0
+            self.hooks = hooks
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            if self.rec["start"] is None:
-                self.rec["start"] = time.perf_counter()
+            self.hooks.begin()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            self.rec["losses"].append(float(logs["step_loss"]))  # reading the value waits for the step
-            self.rec["ends"].append(time.perf_counter())
-            self.step += 1
-            if self.step == 1:
-                self.rec["first_step_done"] = time.time()
-            if self.step >= self.total:
-                self.model.stop_training = True  # `steps` may end mid-epoch
+            # float() waits for the step: the timing below covers the whole step.
+            if self.hooks.end(float(logs["step_loss"])):
+                self.model.stop_training = True  # `steps` may end mid-epoch; preemption ends it anywhere
 
     class WarmupLR(tf.keras.callbacks.Callback):
-        """Horovod's LearningRateWarmupCallback rule for backends without it (momentum correction off)."""
+        """Horovod's LearningRateWarmupCallback rule, by global step (momentum correction off)."""
 
-        def __init__(self, lr: float, steps_per_epoch: int, replicas: int, warmup_epochs: int) -> None:
+        def __init__(self, hooks: StepHooks, lr: float, steps_per_epoch: int, replicas: int, warmup: int) -> None:
             super().__init__()
-            self.args = (lr, steps_per_epoch, replicas, warmup_epochs)
-            self.epoch = 0
-
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self.epoch = epoch
+            self.hooks, self.args = hooks, (lr, steps_per_epoch, replicas, warmup)
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             lr, spe, replicas, warm = self.args
-            new = lr_at_step(self.epoch * spe + batch, lr, spe, replicas, warm)
+            new = lr_at_step(self.hooks.global_step, lr, spe, replicas, warm)
             if new is not None:
                 tf.keras.backend.set_value(self.model.optimizer.lr, new)
 
@@ -147,20 +144,100 @@ def _twin_model_class() -> Any:
     return TwinModel
 
 
-def train(job: Job, backend: Backend, *, t_process_start: float, command: list[str],
-          results_dir: str | None, verbose: bool = True) -> dict[str, Any] | None:
-    """Run the job on an already set-up backend; the chief returns (and writes) the results record."""
+class Preempted(Exception):
+    """The run stopped on a signal after writing a checkpoint; relaunching the same command resumes it."""
+
+
+@dataclass
+class RunOptions:
+    t_process_start: float  # time.time() at process start (time to first step includes TF import)
+    command: list[str]  # the exact command line, for the record
+    results_dir: str | None = None  # where the chief writes the results JSON (None: nowhere)
+    verbose: bool = True  # progress on the chief
+    peer_timeout: float = rel.PEER_TIMEOUT  # see common.reliability
+    stall_timeout: float = rel.STALL_TIMEOUT  # see common.reliability
+    preempt_check_steps: int = 10  # agree on a pending SIGTERM/SIGUSR1 every N steps (one scalar collective)
+    signal_at_step: int = 0  # testing aid: the chief sends itself SIGTERM after this global step (0 = never)
+    resume_from: str | None = None  # explicit checkpoint dir (default: this run's own in the results dir)
+
+
+@dataclass
+class StepHooks:
+    """What happens around every training step in both modes: timing, loss record, watchdog, preemption."""
+
+    backend: Backend
+    opts: RunOptions
+    start_step: int  # global steps already done (a resumed run)
+    total: int  # global steps the job runs
+    preemption: rel.Preemption
+    watchdog: rel.Watchdog | None
+    begins: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    first_step_done: float | None = None
+    stopped_at: int | None = None
+
+    @property
+    def global_step(self) -> int:
+        """0-based index of the step about to run (or running)."""
+        return self.start_step + len(self.losses)
+
+    def begin(self) -> None:
+        self.begins.append(time.perf_counter())
+
+    def end(self, loss: float) -> bool:
+        """Record a finished step; True when training must stop now (done or preempted)."""
+        self.ends.append(time.perf_counter())
+        self.losses.append(loss)
+        done = self.global_step  # steps completed
+        if self.first_step_done is None:
+            self.first_step_done = time.time()
+            if self.opts.verbose and self.backend.is_chief:
+                print(f"[twinbench] first step done {self.first_step_done - self.opts.t_process_start:.1f} s after "
+                      "process start", flush=True)
+        if self.watchdog is not None:
+            self.watchdog.progress(f"step {done}")
+        if self.opts.signal_at_step == done and self.backend.is_chief:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if done >= self.total:
+            return True
+        if done % self.opts.preempt_check_steps == 0:
+            # Every rank asks at the same steps, so all stop after the same step even if only some got the
+            # signal. Outside the step's timed interval (begin/end above).
+            if self.backend.any_flag(self.preemption.signalled is not None):
+                self.stopped_at = done
+                return True
+        return False
+
+    def step_times(self) -> list[float]:
+        return [e - b for b, e in zip(self.begins, self.ends)]
+
+
+def _optimizer_slots(optimizer: Any, model: Any) -> None:
+    """Create slots and the iteration counter now, so a checkpoint can be restored (and broadcast) before step 1."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    inner._create_all_weights(model.trainable_variables)
+
+
+def train(job: Job, backend: Backend, opts: RunOptions) -> dict[str, Any] | None:
+    """Run the job on an already set-up backend; the chief returns (and writes) the results record.
+
+    Raises ``Preempted`` after writing a checkpoint on SIGTERM/SIGUSR1, and ``cli.UsageError`` when a checkpoint
+    cannot resume this run.
+    """
     import tensorflow as tf
 
     from common import models as models_mod
+    from common.cli import UsageError
 
     chief = backend.is_chief
     replicas = backend.num_replicas
+    verbose = opts.verbose and chief
     n_samples, input_shape, num_classes = data_mod.dataset_info(job)
     gb = job.global_batch_size(replicas)
     lr = job.scaled_learning_rate(replicas)
     spe, total = job.resolve_steps(n_samples, replicas)
-    if chief and verbose:
+    if verbose:
         print(f"[twinbench] job {job.name!r} hash {job.job_hash} | backend {backend.name} | mode {job.mode} | "
               f"{backend.num_workers} worker(s) x {backend.replicas_per_worker} replica(s) = {replicas} replicas",
               flush=True)
@@ -168,6 +245,16 @@ def train(job: Job, backend: Backend, *, t_process_start: float, command: list[s
         print(f"[twinbench] global batch {gb} = {job.per_replica_batch_size} per replica x {replicas}; "
               f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}); "
               f"{total} steps, {spe} steps/epoch, dataset {job.dataset} ({n_samples} samples)", flush=True)
+
+    preemption = rel.Preemption()
+    watchdog = None
+    heartbeat = None
+    if backend.num_workers > 1:
+        heartbeat = rel.Heartbeat()
+        peers = backend.allgather({"rank": backend.rank, "host": res.hostname(), "port": heartbeat.port,
+                                   "pid": os.getpid()})
+        watchdog = rel.Watchdog(backend.rank, peers, opts.peer_timeout, opts.stall_timeout).start()
+    backend.watchdog = watchdog  # for cli: name the lost peer when a collective fails instead of hanging
 
     tf.keras.utils.set_random_seed(job.seed)  # weights, dropout: identical on every rank and backend
     if job.mixed_precision:
@@ -192,41 +279,73 @@ def train(job: Job, backend: Backend, *, t_process_start: float, command: list[s
             model = inner
             if job.mixed_precision:
                 optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+        _optimizer_slots(optimizer, model)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+    # Resume: the chief decides (its view of the results dir), everyone follows.
+    own_dir = rel.ckpt_dir(opts.results_dir or ".", backend.name, replicas, job.job_hash)
+    source = Path(opts.resume_from) if opts.resume_from else own_dir
+    meta = backend.allgather(rel.read_meta(source) if chief else None)[0]
+    if opts.resume_from and meta is None:
+        raise UsageError(f"--resume-from {opts.resume_from!r} holds no complete checkpoint (meta.json missing)")
+    start_step = 0
+    previous: dict[str, Any] = {}
+    if meta is not None:
+        reason = rel.check_resume(meta, job.job_hash, job.name, replicas, source)
+        if reason:
+            raise UsageError(reason)
+        backend.restore(ckpt, str(source / "ckpt"), model, optimizer)
+        start_step, previous = int(meta["step"]), meta
+        if verbose:
+            print(f"[twinbench] resuming from {source} at step {start_step}/{total}", flush=True)
 
     dataset = backend.make_dataset(
-        lambda index, count, per: data_mod.make_train_dataset(job, gb, index, count, per)
+        lambda index, count, per: data_mod.make_train_dataset(job, gb, index, count, per, start_step)
     )
     backend.before_training(model)
-    init_digest = weights_digest(model)
+    init_digest = previous.get("initial_weights_digest") or weights_digest(model)
 
-    rec: dict[str, Any] = {"start": None, "ends": [], "losses": [], "first_step_done": None}
+    hooks = StepHooks(backend, opts, start_step, total, preemption, watchdog)
     if job.mode == "fit":
         StepRecorder, WarmupLR = _callbacks_module()
-        callbacks = backend.fit_callbacks(job, spe, lr)
+        # Horovod's own warm-up callback counts Keras epochs from 0: only valid for a run that starts at step 0.
+        callbacks = backend.fit_callbacks(job, spe, lr, fresh=start_step == 0)
         if job.warmup_epochs and not any(getattr(c, "provides_warmup", False) for c in callbacks):
-            callbacks.append(WarmupLR(lr, spe, replicas, job.warmup_epochs))
-        callbacks.append(StepRecorder(rec, total))
-        model.fit(dataset, epochs=math.ceil(total / spe), steps_per_epoch=spe, callbacks=callbacks,
-                  verbose=2 if (chief and verbose) else 0)
+            callbacks.append(WarmupLR(hooks, lr, spe, replicas, job.warmup_epochs))
+        callbacks.append(StepRecorder(hooks))
+        model.fit(dataset, epochs=math.ceil((total - start_step) / spe), steps_per_epoch=spe, callbacks=callbacks,
+                  verbose=2 if verbose else 0)
     else:
-        _custom_loop(job, backend, model, optimizer, dataset, rec, gb, lr, spe, total, replicas, chief and verbose)
+        _custom_loop(job, backend, model, optimizer, dataset, hooks, gb, lr, spe, replicas, verbose)
 
-    final_digest = weights_digest(model)
     mine = {
         "host": res.hostname(),
         "device": backend.describe().get("device", "cpu"),
-        "step_times": res.step_times_from_ends(rec["start"], rec["ends"]),
-        "losses": rec["losses"],
-        "time_to_first_step": rec["first_step_done"] - t_process_start,
-        "init_digest": init_digest,
-        "final_digest": final_digest,
+        "step_times": hooks.step_times(),
+        "losses": hooks.losses,
+        "time_to_first_step": (hooks.first_step_done or time.time()) - opts.t_process_start,
+        "final_digest": weights_digest(model),
     }
-    # Every rank must take part in this collective, chief or not; it is the only one outside the training loop.
+    # Every rank must take part in this collective, chief or not.
     everyone = backend.allgather(mine)
+    prev_rank_losses = previous.get("per_rank_step_losses") or [[] for _ in everyone]
+    per_rank_losses = [p + r["losses"] for p, r in zip(prev_rank_losses, everyone)]
+    steps_done = min(len(r) for r in per_rank_losses)
+    step_losses = [sum(r[i] for r in per_rank_losses) / len(per_rank_losses) for i in range(steps_done)]
+
+    if hooks.stopped_at is not None:
+        _write_checkpoint(job, backend, ckpt, own_dir, replicas, hooks, per_rank_losses, step_losses, init_digest)
+        if watchdog is not None:
+            watchdog.stop()
+        raise Preempted(f"{preemption.signalled or 'a signal'} on some rank: stopped after step {hooks.stopped_at}"
+                        f"/{total}, checkpoint in {own_dir}; run the same command again to resume")
+    if watchdog is not None:
+        watchdog.stop()  # peers may now exit at any time: their silence is no longer a failure
+    if heartbeat is not None:
+        heartbeat.close()
     if not chief:
         return None
-    steps = min(len(r["losses"]) for r in everyone)
-    step_losses = [sum(r["losses"][i] for r in everyone) / len(everyone) for i in range(steps)]
+
     stats = res.throughput_stats([r["step_times"] for r in everyone], gb, job.timing_warmup_steps)
     record: dict[str, Any] = {
         "schema": res.SCHEMA,
@@ -243,34 +362,62 @@ def train(job: Job, backend: Backend, *, t_process_start: float, command: list[s
         "steps": total,
         "steps_per_epoch": spe,
         "step_losses": step_losses,
-        "per_rank_step_losses": [r["losses"] for r in everyone],
+        "per_rank_step_losses": per_rank_losses,
         **stats,
         "per_rank_step_times": [r["step_times"] for r in everyone],
         "time_to_first_step": max(r["time_to_first_step"] for r in everyone),
+        "resumed_from_step": start_step,  # > 0: times and throughput cover only the steps after the resume
         "versions": res.versions(),
         "hosts": [r["host"] for r in everyone],
         "devices": [r["device"] for r in everyone],
-        "command": command,
-        "started_at": res.now_iso_from(t_process_start),
+        "command": opts.command,
+        "started_at": res.now_iso_from(opts.t_process_start),
         "finished_at": res.now_iso(),
         "run_id": res.new_run_id(),
         "initial_weights_digest": init_digest,
-        "weights_digest": final_digest,
+        "weights_digest": everyone[0]["final_digest"],
         "weights_consistent": len({r["final_digest"] for r in everyone}) == 1,
     }
-    if verbose:
+    if opts.verbose:
         print(f"[twinbench] {record['images_per_sec']:.1f} images/s over {stats['step_time']['timed_steps']} timed "
               f"steps (median step {stats['step_time']['median'] * 1e3:.1f} ms, p95 "
               f"{stats['step_time']['p95'] * 1e3:.1f} ms); final loss {step_losses[-1]:.5f}", flush=True)
-    if results_dir is not None:
-        path = res.write_json_atomic(res.Path(results_dir) / res.result_filename(record), record)
+    if opts.results_dir is not None:
+        path = res.write_json_atomic(Path(opts.results_dir) / res.result_filename(record), record)
         print(f"[twinbench] results: {path}", flush=True)
-    sys.stdout.flush()
+        if source == own_dir and meta is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)  # the run is complete: nothing left to resume
+            with contextlib.suppress(OSError):
+                own_dir.parent.rmdir()  # only if no other run's checkpoint is there
     return record
 
 
-def _custom_loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any, rec: dict[str, Any],
-                 gb: int, lr: float, spe: int, total: int, replicas: int, verbose: bool) -> None:
+def _write_checkpoint(job: Job, backend: Backend, ckpt: Any, final: Path, replicas: int, hooks: StepHooks,
+                      per_rank_losses: list[list[float]], step_losses: list[float], init_digest: str) -> None:
+    """Weights + optimizer state + where the data stream stands, published atomically by the chief."""
+    tmp = final.parent / f".{final.name}.tmp-rank{backend.rank}"
+    if backend.writes_checkpoint:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        # Under MWMS every worker must write (reading sync-on-read variables is a collective); only the chief's
+        # copy is kept, as TensorFlow's multi-worker guide prescribes.
+        ckpt.write(str(tmp / "ckpt"))
+    if backend.is_chief:
+        meta = {
+            "job_hash": job.job_hash, "job_name": job.name, "backend": backend.name, "world_size": replicas,
+            "step": hooks.stopped_at, "step_losses": step_losses, "per_rank_step_losses": per_rank_losses,
+            "initial_weights_digest": init_digest, "signal": hooks.preemption.signalled,
+            "created": res.now_iso(),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta))  # written last: its presence marks a complete checkpoint
+        rel.publish_dir(tmp, final)
+    elif backend.writes_checkpoint:
+        shutil.rmtree(tmp, ignore_errors=True)
+    backend.barrier()  # nobody exits before the checkpoint is published
+
+
+def _custom_loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks,
+                 gb: int, lr: float, spe: int, replicas: int, verbose: bool) -> None:
     import tensorflow as tf
 
     loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(
@@ -297,7 +444,7 @@ def _custom_loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset
         grads = backend.wrap_tape(tape).gradient(target, model.trainable_variables)
         if mixed:
             grads = optimizer.get_unscaled_gradients(grads)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss * replicas  # this replica's own mean loss (+ regularisation)
 
     @tf.function
@@ -306,18 +453,20 @@ def _custom_loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset
 
     iterator = iter(dataset)
     lr_var = optimizer.lr
-    for step in range(total):
+    first = True
+    while hooks.global_step < hooks.total:
+        step = hooks.global_step
         new_lr = lr_at_step(step, lr, spe, replicas, job.warmup_epochs)
         if new_lr is not None:
             tf.keras.backend.set_value(lr_var, new_lr)
-        if rec["start"] is None:
-            rec["start"] = time.perf_counter()
+        hooks.begin()
         local = train_step(iterator)
         loss = sum(float(v) for v in local) / len(local)  # reading the value waits for the step
-        rec["ends"].append(time.perf_counter())
-        rec["losses"].append(loss)
-        if step == 0:
-            rec["first_step_done"] = time.time()
+        stop = hooks.end(loss)
+        if first:
             backend.after_first_step(model, optimizer)
-        if verbose and (step % max(1, spe // 4) == 0 or step == total - 1):
-            print(f"step {step + 1}/{total} loss {loss:.5f}", flush=True)
+            first = False
+        if verbose and (step % max(1, spe // 4) == 0 or hooks.global_step == hooks.total):
+            print(f"step {step + 1}/{hooks.total} rank-0 loss {loss:.5f}", flush=True)
+        if stop:
+            break

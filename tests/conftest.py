@@ -86,3 +86,15 @@ def runner(tmp_path_factory: pytest.TempPathFactory):
         return cache[key]
 
     return go
+
+
+def free_port_pair() -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(2)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports

@@ -419,3 +419,13 @@ def test_requires_the_job_seed_as_global_seed():
     tf.keras.utils.set_random_seed(job.seed + 1)
     with pytest.raises(RuntimeError, match="set_random_seed"):
         data.make_train_dataset(job, G, 0, 1)
+
+
+def test_start_step_resumes_the_stream_exactly():
+    """An interrupted run restarts the data at the step it stopped at (the rule resume relies on)."""
+    job = Job(synthetic_samples=40, image_shape=(2, 2, 1), seed=7)
+    tf.keras.utils.set_random_seed(job.seed)
+    full = [y.numpy().tolist() for _, y in data.make_train_dataset(job, 8, 1, 2).take(13)]
+    tf.keras.utils.set_random_seed(job.seed)
+    resumed = [y.numpy().tolist() for _, y in data.make_train_dataset(job, 8, 1, 2, start_step=7).take(6)]
+    assert resumed == full[7:13]  # crosses the epoch boundary at step 5 and 10
