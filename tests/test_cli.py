@@ -12,19 +12,82 @@ import pytest
 
 from tests.conftest import REPO, base_env
 
+
+def _bad_toml(tmp):
+    (tmp / "bad.toml").write_text("model = \"mlp\"\nsteps = [\n")
+    return ["--job", str(tmp / "bad.toml")], {}
+
+
+def _corrupt_mnist(tmp):
+    (tmp / "mnist.npz").write_bytes(b"this is not a zip archive")
+    return ["--set", "dataset=mnist", "--set", f"data_dir={tmp}"], {}
+
+
+def _other_jobs_checkpoint(tmp):
+    ck = tmp / "ck"
+    ck.mkdir()
+    (ck / "meta.json").write_text('{"job_hash": "0123456789abcdef", "job_name": "other", "world_size": 1, "step": 3}')
+    return ["--resume-from", str(ck)], {}
+
+
+def _slurm(**env):
+    def prep(tmp):
+        base = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_STEP_NODELIST": "localhost",
+                "SLURM_STEP_TASKS_PER_NODE": "2"}
+        base.update(env)
+        return [], {k: v for k, v in base.items() if v is not None}
+    return prep
+
+
+def _bound_port(tmp):
+    import socket
+
+    s = socket.socket()
+    s.bind(("", 0))
+    s.listen(1)
+    _KEEP.append(s)
+    port = s.getsockname()[1]
+    args, env = _slurm()(tmp)
+    return ["--port-base", str(port)], env
+
+
+_KEEP: list = []
+
+# name: (arguments or prep(tmp_path) -> (arguments, extra env), what the one line must say, backends it applies to)
+BOTH = ("backends.native", "backends.horovod")
+NATIVE = ("backends.native",)
 CASES = {
-    "unknown-set-key": (["--set", "bogus=1"], "unknown job key"),
-    "mistyped-set-key": (["--set", "per_replica_batchsize=4"], "did you mean"),
-    "set-not-typed": (["--set", "steps=ten"], "expected an integer"),
-    "zero-batch": (["--set", "per_replica_batch_size=0"], "must be >= 1"),
-    "unknown-model": (["--set", "model=transformer9000"], "unknown model"),
-    "missing-job-file": (["--job", "jobs/nope.toml"], "not found"),
-    "missing-data": (["--set", "dataset=mnist", "--set", "data_dir=/nonexistent"], "mnist.npz"),
-    "unknown-flag": (["--frobnicate"], "unrecognized arguments"),
-    "bad-threads": (["--threads", "-3"], "--threads must be >= 0"),
+    "unknown-set-key": (["--set", "bogus=1"], "unknown job key", BOTH),
+    "mistyped-set-key": (["--set", "per_replica_batchsize=4"], "did you mean", BOTH),
+    "set-not-typed": (["--set", "steps=ten"], "expected an integer", BOTH),
+    "set-without-equals": (["--set", "steps"], "expected key=value", BOTH),
+    "zero-batch": (["--set", "per_replica_batch_size=0"], "must be >= 1", BOTH),
+    "negative-steps": (["--set", "steps=-5"], "steps must be >= 0", BOTH),
+    "unknown-model": (["--set", "model=transformer9000"], "unknown model", BOTH),
+    "unknown-dataset": (["--set", "dataset=imagenet21k"], "unknown dataset", BOTH),
+    "unknown-optimizer": (["--set", "optimizer=lamb"], "unknown optimizer", BOTH),
+    "missing-job-file": (["--job", "jobs/nope.toml"], "not found", BOTH),
+    "malformed-toml": (_bad_toml, "not valid TOML", BOTH),
+    "missing-data": (["--set", "dataset=mnist", "--set", "data_dir=/nonexistent"], "mnist.npz", BOTH),
+    "corrupt-data": (_corrupt_mnist, "mnist.npz", BOTH),
     "batch-too-big": (["--set", "synthetic_samples=10", "--set", "per_replica_batch_size=16"],
-                      "fewer than one global batch"),
+                      "fewer than one global batch", BOTH),
+    "unknown-flag": (["--frobnicate"], "unrecognized arguments", BOTH),
+    "bad-threads": (["--threads", "-3"], "--threads must be >= 0", BOTH),
+    "bad-peer-timeout": (["--peer-timeout", "0"], "--peer-timeout must be > 0", BOTH),
+    "bad-preempt-check": (["--preempt-check-steps", "0"], "--preempt-check-steps must be >= 1", BOTH),
+    "resume-from-nothing": (["--resume-from", "/nonexistent/ckpt"], "no complete checkpoint", BOTH),
+    "resume-other-job": (_other_jobs_checkpoint, "belongs to job 'other'", BOTH),
+    "bad-nproc": (["--nproc", "0"], "--nproc must be >= 1", NATIVE),
+    "nproc-with-mirrored": (["--nproc", "2", "--strategy", "mirrored"], "cannot be combined", NATIVE),
+    "bad-strategy": (["--strategy", "parameter_server"], "invalid choice", NATIVE),
+    "slurm-missing-procid": (_slurm(SLURM_PROCID=None), "SLURM_PROCID", NATIVE),
+    "slurm-procid-out-of-range": (_slurm(SLURM_PROCID="5"), "SLURM_PROCID=5 with 2 tasks", NATIVE),
+    "slurm-bad-ntasks": (_slurm(SLURM_NTASKS="two"), "SLURM_NTASKS='two' is not an integer", NATIVE),
+    "port-out-of-range": ((lambda tmp: (["--port-base", "70000"], _slurm()(tmp)[1])), "out of range", NATIVE),
+    "port-in-use": (_bound_port, "already in use", NATIVE),
 }
+PAIRS = [(m, c) for c in sorted(CASES) for m in CASES[c][2]]
 
 
 def _run(module: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -37,17 +100,24 @@ def _run(module: str, args: list[str], env: dict[str, str] | None = None) -> sub
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("module", ["backends.native", "backends.horovod"])
-@pytest.mark.parametrize("case", sorted(CASES))
+def test_catalogue_is_large_enough():
+    assert len(CASES) >= 25
+
+
+@pytest.mark.parametrize("module, case", PAIRS, ids=[f"{m.split('.')[1]}-{c}" for m, c in PAIRS])
 def test_bad_input_exits_2_with_one_line(module, case, tmp_path):
-    args, fragment = CASES[case]
+    spec, fragment, _ = CASES[case]
+    args, extra_env = spec(tmp_path) if callable(spec) else (spec, {})
+    env = base_env()
+    env.update(extra_env)
     out = tmp_path / "res"
-    proc = _run(module, [*args, "--results", str(out)])
+    proc = _run(module, [*args, "--results", str(out)], env=env)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert fragment in lines[0] and "Traceback" not in proc.stderr
-    assert not list(out.glob("*.json")) if out.exists() else True
+    # nothing half-written: no results, no checkpoint
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
 
 
 def test_unwritable_results_dir(tmp_path):
