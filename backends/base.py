@@ -77,6 +77,10 @@ class Backend(abc.ABC):
         ckpt.read(path).assert_existing_objects_matched()
 
     @abc.abstractmethod
+    def allreduce_fn(self) -> Any:
+        """A callable: float32 tensor -> SUM over all replicas (this process's copy), as gradients are reduced."""
+
+    @abc.abstractmethod
     def allgather(self, obj: Any) -> list[Any]:
         """Every rank's JSON-serialisable ``obj``, in rank order, on every rank (a collective: all must call)."""
 

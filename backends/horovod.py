@@ -140,6 +140,12 @@ class HorovodBackend(Backend):
         total = self.htf.allreduce(self.tf.constant(1.0 if flag else 0.0), op=self.htf.Sum, name="twinbench_flag")
         return float(total) > 0
 
+    def allreduce_fn(self) -> Any:
+        htf = self.htf
+        # in a tf.function as in training (DistributedGradientTape); Horovod's fusion/cycle settings apply
+        return self.tf.function(lambda v: htf.allreduce(v, op=htf.Sum, compression=self.compression),
+                                reduce_retracing=True)
+
     def allgather(self, obj: Any) -> list[Any]:
         return list(self.htf.allgather_object(obj))
 

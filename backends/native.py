@@ -198,6 +198,16 @@ class NativeBackend(Backend):
         rows = self._sum_rows(padded)
         return [json.loads(bytes(rows[i, : lengths[i]].astype(np.uint8)).decode()) for i in range(self.num_workers)]
 
+    def allreduce_fn(self) -> Any:
+        import tensorflow as tf
+
+        def reduce(v: Any) -> Any:
+            # the strategy's collective all-reduce with the chosen CommunicationOptions, as for gradients
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(v))
+
+        fn = tf.function(lambda v: self.strategy.run(reduce, args=(v,)), reduce_retracing=True)
+        return lambda v: self.strategy.experimental_local_results(fn(v))[0]
+
     def _sum_rows(self, vec: Any) -> Any:
         """All-gather by all-reduce: each worker writes its row of a zero matrix, SUM gives every row to all."""
         import numpy as np

@@ -42,6 +42,14 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads per process (default 0 = cores / processes on this host)")
     p.add_argument("--quiet", action="store_true", help="no progress output (results are still written)")
+    b = p.add_argument_group("benchmarks")
+    b.add_argument("--bench", choices=("allreduce",), default=None,
+                   help="run a microbenchmark instead of the job: allreduce of float32 tensors")
+    b.add_argument("--sizes", default=None, metavar="LIST",
+                   help="allreduce message sizes, e.g. 4K,1M,256M (default 4K..256M in steps of x4)")
+    b.add_argument("--iters", type=int, default=20, help="timed allreduces per size (default 20)")
+    b.add_argument("--warmup-iters", type=int, default=5,
+                   help="untimed allreduces per size first (default 5: connection set-up, buffers)")
     r = p.add_argument_group("reliability")
     r.add_argument("--peer-timeout", type=float, default=rel.PEER_TIMEOUT,
                    help=f"seconds before a silent peer rank counts as lost and every rank exits {rel.EXIT_PEER_LOST} "
@@ -79,6 +87,15 @@ def prepare(prog: str, args: argparse.Namespace) -> Job:
         fail(prog, f"--stall-timeout must be >= 0 seconds (0 = off), got {args.stall_timeout}")
     if args.preempt_check_steps < 1:
         fail(prog, f"--preempt-check-steps must be >= 1, got {args.preempt_check_steps}")
+    if args.bench:
+        from common.bench import DEFAULT_SIZES, parse_sizes
+
+        try:
+            args.size_list = parse_sizes(args.sizes or DEFAULT_SIZES)
+        except ValueError as e:
+            fail(prog, str(e))
+        if args.iters < 1 or args.warmup_iters < 0:
+            fail(prog, f"--iters must be >= 1 and --warmup-iters >= 0, got {args.iters} and {args.warmup_iters}")
     if args.resume_from:
         meta = rel.read_meta(Path(args.resume_from))
         if meta is None:
@@ -125,6 +142,13 @@ def run_training(prog: str, backend: Any, job: Job, args: argparse.Namespace, t0
     """Train; exit 0 when done, 75 after a preemption checkpoint, 2 when a checkpoint cannot resume this run."""
     from common.train import Preempted, RunOptions, train
 
+    if args.bench == "allreduce":
+        from common.bench import run_allreduce
+
+        run_allreduce(backend, args.size_list, args.iters, args.warmup_iters, args.results, command_line(),
+                      verbose=not args.quiet and backend.is_chief)
+        backend.shutdown()
+        return 0
     opts = RunOptions(
         t_process_start=t0, command=command_line(), results_dir=args.results, verbose=not args.quiet,
         peer_timeout=args.peer_timeout, stall_timeout=args.stall_timeout,

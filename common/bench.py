@@ -1,0 +1,92 @@
+"""Allreduce microbenchmark, launched exactly like a training run (``--bench allreduce``) on either backend.
+
+Times a SUM allreduce of float32 tensors of each size on every rank (synchronised per iteration: the step of a
+synchronous job ends when the slowest rank's allreduce ends, so an iteration's time is the max over ranks), and
+reports nccl-tests' bandwidths: algbw = bytes / time, busbw = algbw x 2(n-1)/n (what each link carries in a ring).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from common import results as res
+
+DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"  # nccl-tests style sweep, 4 KiB to 256 MiB
+UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'4K,1M,256M' -> bytes (binary units); each a positive multiple of 4 bytes (float32 elements)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().upper().removesuffix("B").removesuffix("I")
+        if not part:
+            continue
+        unit = part[-1] if part[-1] in "KMG" else ""
+        try:
+            n = int(float(part[: len(part) - len(unit)]) * UNITS[unit])
+        except ValueError:
+            raise ValueError(f"--sizes: cannot read {part!r}; use e.g. 4K,64K,1M,256M") from None
+        if n < 4 or n % 4:
+            raise ValueError(f"--sizes: {part} is not a positive multiple of 4 bytes (float32 elements)")
+        out.append(n)
+    if not out:
+        raise ValueError("--sizes: no size given")
+    return out
+
+
+def bus_factor(n: int) -> float:
+    """nccl-tests' allreduce bus bandwidth factor 2(n-1)/n (0 for one rank: nothing crosses a link)."""
+    return 2.0 * (n - 1) / n if n > 0 else 0.0
+
+
+def run_allreduce(backend: Any, sizes: list[int], iters: int, warmup: int, results_dir: str | None,
+                  command: list[str], verbose: bool = True) -> dict[str, Any] | None:
+    import tensorflow as tf
+
+    reduce_fn = backend.allreduce_fn()
+    n = backend.num_replicas
+    mine: dict[str, list[float]] = {}
+    for size in sizes:
+        t = tf.ones([size // 4], dtype=tf.float32)
+        got = float(reduce_fn(t)[-1])
+        if got != n:  # a benchmark of a reduction that does not reduce measures nothing
+            raise RuntimeError(f"allreduce of ones over {n} replicas gave {got} at {size} bytes")
+        for _ in range(warmup):
+            float(reduce_fn(t)[0])
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            float(reduce_fn(t)[0])  # reading one element waits for the whole reduction
+            times.append(time.perf_counter() - t0)
+        mine[str(size)] = times
+        del t
+    everyone = backend.allgather({"host": res.hostname(), "times": mine})
+    if not backend.is_chief:
+        return None
+    rows = []
+    for size in sizes:
+        per_iter = [max(r["times"][str(size)][i] for r in everyone) for i in range(iters)]
+        med = res.percentile(per_iter, 50)
+        algbw = size / med / 1e9
+        rows.append({"bytes": size, "time_median": med, "time_p95": res.percentile(per_iter, 95),
+                     "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(n), "iters": iters})
+    record = {
+        "schema": res.SCHEMA, "kind": "allreduce", "backend": backend.name, "backend_info": backend.describe(),
+        "world_size": n, "num_workers": backend.num_workers, "dtype": "float32", "op": "sum", "warmup_iters": warmup,
+        "rows": rows, "bus_factor": bus_factor(n), "versions": res.versions(),
+        "hosts": [r["host"] for r in everyone], "command": command, "finished_at": res.now_iso(),
+        "run_id": res.new_run_id(),
+    }
+    if verbose:
+        print(f"[twinbench] allreduce, {backend.name}, {n} ranks (float32 sum; busbw = algbw x {bus_factor(n):.3f})")
+        print(f"{'bytes':>12} {'time (us)':>12} {'algbw GB/s':>12} {'busbw GB/s':>12}")
+        for r in rows:
+            print(f"{r['bytes']:>12} {r['time_median'] * 1e6:>12.1f} {r['algbw_GBps']:>12.3f} {r['busbw_GBps']:>12.3f}")
+    if results_dir is not None:
+        name = f"allreduce-{backend.name}-n{n}-{record['run_id']}.json"
+        path = res.write_json_atomic(Path(results_dir) / name, record)
+        print(f"[twinbench] results: {path}", flush=True)
+    return record

@@ -1,0 +1,42 @@
+"""Allreduce microbenchmark on both backends (2 ranks, small sizes) and its bandwidth arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.bench import bus_factor, parse_sizes
+from tests.conftest import BIN, PY, run
+
+
+def test_parse_sizes():
+    assert parse_sizes("4K,1M,256MiB,8") == [4096, 1024**2, 256 * 1024**2, 8]
+    with pytest.raises(ValueError, match="multiple of 4"):
+        parse_sizes("6")
+    with pytest.raises(ValueError, match="cannot read"):
+        parse_sizes("lots")
+
+
+def test_bus_factor_is_nccl_tests_definition():
+    assert bus_factor(2) == 1.0 and bus_factor(8) == pytest.approx(1.75) and bus_factor(1) == 0.0
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["native", "horovod"])
+def test_allreduce_bench_two_ranks(tmp_path, kind):
+    body = ["-m", f"backends.{kind}", "--bench", "allreduce", "--sizes", "4K,64K,1M", "--iters", "5",
+            "--warmup-iters", "1", "--results", str(tmp_path), "--quiet"]
+    if kind == "native":
+        run([PY, *body, "--nproc", "2"])
+    else:
+        run([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY, *body])
+    files = list(tmp_path.glob("allreduce-*.json"))
+    assert len(files) == 1
+    rec = json.loads(files[0].read_text())
+    assert rec["kind"] == "allreduce" and rec["backend"] == kind and rec["world_size"] == 2
+    assert [r["bytes"] for r in rec["rows"]] == [4096, 65536, 1048576]
+    for r in rec["rows"]:
+        assert r["time_median"] > 0 and r["time_p95"] >= r["time_median"]
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_median"] / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (2 - 1) / 2)
