@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import io
 import json
 import math
@@ -130,10 +129,13 @@ def _num(value: Any) -> float | None:
 # loading
 # ----------------------------------------------------------------------------------------------------------
 def recompute_job_hash(job: Mapping[str, Any]) -> str:
-    """The hash ``common.job.Job.job_hash`` gives this ``job`` dict (every field except ``name``)."""
-    d = {k: v for k, v in job.items() if k != "name"}
-    blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    """The hash ``common.job.Job.job_hash`` gives this ``job`` dict (one definition: common.job's)."""
+    from common.job import JobError, job_from_dict
+
+    try:
+        return job_from_dict(dict(job)).job_hash
+    except (JobError, TypeError):
+        return "invalid-job"
 
 
 def result_files(results_dir: str | os.PathLike[str]) -> list[Path]:
