@@ -447,11 +447,13 @@ def _custom_loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss * replicas  # this replica's own mean loss (+ regularisation)
 
+    iterator = iter(dataset)
+
     @tf.function
-    def train_step(iterator: Any) -> Any:
+    def train_step() -> Any:
+        # The iterator is captured, not passed: a (distributed) iterator argument costs a structure check per call.
         return backend.run(step_fn, next(iterator))
 
-    iterator = iter(dataset)
     lr_var = optimizer.lr
     first = True
     while hooks.global_step < hooks.total:
@@ -460,7 +462,7 @@ def _custom_loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset
         if new_lr is not None:
             tf.keras.backend.set_value(lr_var, new_lr)
         hooks.begin()
-        local = train_step(iterator)
+        local = train_step()
         loss = sum(float(v) for v in local) / len(local)  # reading the value waits for the step
         stop = hooks.end(loss)
         if first:

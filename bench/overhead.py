@@ -1,0 +1,91 @@
+"""Overhead benchmark: twinbench's throughput against minimal hand-written loops (custom loop, 2 workers).
+
+``python -m bench.overhead [--repeats 5] [--steps 300]``: interleaves twinbench runs (``--set mode=ctl``) with
+bench/plain_loops.py runs of the same model, data, batch and steps, for each backend, and prints the median
+throughput ratio twinbench / plain (target >= 0.98). A benchmark that prints figures, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+HVDRUN = str(Path(PY).parent / "horovodrun")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def twinbench(kind: str, steps: int, warm: int) -> float:
+    with tempfile.TemporaryDirectory() as out:
+        body = ["-m", f"backends.{kind}", "--job", "jobs/smoke.toml", "--set", "mode=ctl", "--set", f"steps={steps}",
+                "--set", f"timing_warmup_steps={warm}", "--results", out, "--quiet"]
+        cmd = [PY, *body, "--nproc", "2"] if kind == "native" else \
+            [HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *body]
+        subprocess.run(cmd, cwd=REPO, env=_env(), check=True, capture_output=True)
+        rec = json.loads(next(Path(out).glob("*.json")).read_text())
+        return rec["images_per_sec"]
+
+
+def plain(kind: str, steps: int, warm: int) -> float:
+    args = ["-m", "bench.plain_loops", kind, str(steps), "16", str(warm)]
+    if kind == "horovod":
+        proc = subprocess.run([HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *args], cwd=REPO, env=_env(),
+                              check=True, capture_output=True, text=True)
+        lines = [ln.split(">:", 1)[-1] for ln in proc.stdout.splitlines() if '"wall"' in ln]
+    else:
+        socks = [socket.socket() for _ in range(2)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        workers = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+        for s in socks:
+            s.close()
+        procs = []
+        for i in range(2):
+            env = _env()
+            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+            procs.append(subprocess.Popen([PY, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL, text=True))
+        lines = [ln for p in procs for ln in p.communicate()[0].splitlines() if '"wall"' in ln]
+    recs = [json.loads(ln) for ln in lines]
+    wall = max(r["wall"] for r in recs)
+    return recs[0]["global_batch"] * recs[0]["timed_steps"] / wall
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--repeats", type=int, default=5, help="interleaved pairs per backend (default 5)")
+    p.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed first steps (default 20)")
+    a = p.parse_args()
+    for kind in ("native", "horovod"):
+        ratios = []
+        for i in range(a.repeats):
+            # interleaved, alternating which goes first: drifts of the machine hit both sides alike
+            first, second = (twinbench, plain) if i % 2 == 0 else (plain, twinbench)
+            r1 = first(kind, a.steps, a.warmup)
+            r2 = second(kind, a.steps, a.warmup)
+            tb, pl = (r1, r2) if first is twinbench else (r2, r1)
+            ratios.append(tb / pl)
+            print(f"{kind} repeat {i + 1}: twinbench {tb:9.1f} img/s, plain {pl:9.1f} img/s, ratio {tb / pl:.3f}",
+                  flush=True)
+        print(f"{kind}: median ratio twinbench/plain = {statistics.median(ratios):.3f} over {a.repeats} repeats "
+              f"(target >= 0.98)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
