@@ -13,7 +13,8 @@ setup:  ## idempotent: Debian OpenMPI, .venv, TensorFlow, tf-keras, Horovod (whe
 demo: setup  ## local CPU comparison of both backends at 1 and 2 workers on jobs/smoke.toml, then the report
 	bash scripts/demo.sh
 
-test: setup  ## the whole test suite (unit, distributed, parity)
+test:  ## set-up (with Debian's Slurm and munge for tests/test_slurm.py), then the whole test suite
+	TWINBENCH_WITH_SLURM=1 bash scripts/setup.sh
 	$(PY) -m ruff check .
 	$(PY) -m pytest -ra tests
 

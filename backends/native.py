@@ -66,7 +66,8 @@ class NativeBackend(Backend):
 
         a = self.args
         self.local_rank = cli.env_int("TWINBENCH_LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
-        self.local_size = cli.env_int("TWINBENCH_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+        # the step's own task count per node first: an srun step may use fewer tasks than the job
+        self.local_size = cli.env_int("TWINBENCH_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
                                       "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
         self.threads = configure_threads(self.local_size, a.threads)
         gpus = tf.config.list_physical_devices("GPU")
@@ -320,6 +321,10 @@ def check_slurm_env(port_base: int) -> None:
     ntasks = cli.env_int("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", default=1)
     if ntasks <= 1:
         return
+    if not os.environ.get("SLURM_STEP_NUM_TASKS"):
+        # The batch script itself (not an srun step): one process, but the resolver would expect SLURM_NTASKS.
+        raise cli.UsageError(f"SLURM_NTASKS={ntasks} but this process is not an srun step: launch with "
+                             "`srun python -m backends.native ...` (one task per GPU), or use --nproc / TF_CONFIG")
     if not 1024 <= port_base <= 65535 - ntasks:
         raise cli.UsageError(f"--port-base {port_base} is out of range: use 1024..{65535 - ntasks} "
                              "(IDRIS allows 10000-20000)")
@@ -338,6 +343,8 @@ def check_slurm_env(port_base: int) -> None:
         raise cli.UsageError(f"inconsistent Slurm environment: SLURM_PROCID={procid} with {ntasks} tasks")
     port = port_base + localid  # SlurmClusterResolver gives the n-th task on a node port_base + n
     with socket.socket() as s:
+        # SO_REUSEADDR as gRPC binds: a port in TIME_WAIT from a previous run is free to use, not "in use".
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", port))
         except OSError:

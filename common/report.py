@@ -183,6 +183,9 @@ def _check_run(d: Any) -> str | None:
     return None
 
 
+OTHER_KINDS = ("sweep", "allreduce")  # JSONs that live in results dirs but are not training runs
+
+
 def load_runs(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None] = _warn) -> list[dict[str, Any]]:
     """Parse every complete results JSON under ``results_dir`` (and one level of subdirectories).
 
@@ -206,6 +209,8 @@ def load_runs(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None
         except json.JSONDecodeError as e:
             warn(f"skipping {path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})")
             continue
+        if isinstance(data, dict) and data.get("kind") in OTHER_KINDS:
+            continue  # not a training run: sweep manifests, allreduce benchmarks (reported separately)
         problem = _check_run(data)
         if problem:
             warn(f"skipping {path}: {problem}")

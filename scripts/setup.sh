@@ -28,8 +28,18 @@ fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  policy=/usr/sbin/policy-rc.d; made_policy=0
+  if [ "${TWINBENCH_WITH_SLURM:-0}" = 1 ] && [ ! -e "$policy" ]; then
+    # Keep the maintainer scripts from starting system munge/slurmctld/slurmd (init.d or systemd, which may be
+    # absent): the tests start their own, in a temporary directory (tests/slurm/start_cluster.sh).
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod 755 "$policy" && made_policy=1
+  fi
+  apt_status=0
+  $SUDO apt-get update -qq || apt_status=$?
+  [ $apt_status != 0 ] || $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null \
+    || apt_status=$?
+  if [ $made_policy = 1 ]; then $SUDO rm -f "$policy"; fi
+  [ $apt_status = 0 ] || { log "apt-get failed (status $apt_status)"; exit $apt_status; }
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -26,13 +26,15 @@ def _corrupt_mnist(tmp):
 def _other_jobs_checkpoint(tmp):
     ck = tmp / "ck"
     ck.mkdir()
-    (ck / "meta.json").write_text('{"job_hash": "0123456789abcdef", "job_name": "other", "world_size": 1, "step": 3}')
+    (ck / "meta.json").write_text(
+        '{"job_hash": "0123456789abcdef", "job_name": "other", "world_size": 1, "step": 3}')
     return ["--resume-from", str(ck)], {}
 
 
 def _slurm(**env):
     def prep(tmp):
-        base = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_STEP_NODELIST": "localhost",
+        base = {"SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                "SLURM_STEP_NODELIST": "localhost",
                 "SLURM_STEP_TASKS_PER_NODE": "2"}
         base.update(env)
         return [], {k: v for k, v in base.items() if v is not None}
@@ -83,7 +85,8 @@ CASES = {
     "bad-strategy": (["--strategy", "parameter_server"], "invalid choice", NATIVE),
     "slurm-missing-procid": (_slurm(SLURM_PROCID=None), "SLURM_PROCID", NATIVE),
     "slurm-procid-out-of-range": (_slurm(SLURM_PROCID="5"), "SLURM_PROCID=5 with 2 tasks", NATIVE),
-    "slurm-bad-ntasks": (_slurm(SLURM_NTASKS="two"), "SLURM_NTASKS='two' is not an integer", NATIVE),
+    "slurm-bad-ntasks": (_slurm(SLURM_STEP_NUM_TASKS="two"), "SLURM_STEP_NUM_TASKS='two' is not an integer", NATIVE),
+    "slurm-batch-step": (_slurm(SLURM_STEP_NUM_TASKS=None), "not an srun step", NATIVE),
     "port-out-of-range": ((lambda tmp: (["--port-base", "70000"], _slurm()(tmp)[1])), "out of range", NATIVE),
     "port-in-use": (_bound_port, "already in use", NATIVE),
 }

@@ -1,0 +1,434 @@
+"""Scaling sweep on Slurm: submit every backend x world size with identical resources, then follow it.
+
+    python -m common.sweep submit --job jobs/X.toml --results DIR [--sizes 1,2,4,8] [--backends native,horovod]
+                                  [--gres-per-node N] [--cpus-per-task C] [--time T] [--partition P]
+                                  [--account A] [--exclusive] [--serial] [--hvd-launch srun|horovodrun]
+                                  [--set KEY=VALUE ...] [--sbatch-arg ARG ...] [--backend-arg ARG ...]
+                                  [--native-arg ARG ...] [--horovod-arg ARG ...] [--skip-data-check] [--dry-run]
+    python -m common.sweep status DIR [--json] [--wait SECONDS]
+
+``submit`` runs ``sbatch jobs/slurm/{native,horovod}.sbatch`` once per (world size, backend), both backends of a
+size with the same sbatch resource options: one task per GPU, ``--gres=gpu:N`` per node, ``ceil(size / N)``
+nodes (``--gres-per-node``, default 4, GPUs per node; 0 = no GPUs, all tasks on one node). Each run writes its
+results JSON into its own directory ``DIR/<backend>-n<size>/`` and its log to ``DIR/logs/``; the Slurm job ids
+and those paths go into ``DIR/sweep-manifest.json`` (written after every submission, so a partial sweep is
+recorded). ``python -m common.report DIR`` reads the results of the whole sweep.
+
+``status`` says for every run whether it finished (a results JSON is there), failed, is running or pending,
+from the result files always and from squeue / sacct / scontrol where they answer ("unknown": Slurm no longer
+knows the job and there is no result). Exit status 0 when every run finished, 1 when one failed (or is unknown),
+3 when runs are still pending or running (``--wait`` polls until they are not).
+
+Bad input prints one line on stderr and exits 2, before anything is submitted or written. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from common import cli
+from common import results as res
+from common.job import JobError, load_job
+
+PROG = "common.sweep"
+MANIFEST = "sweep-manifest.json"
+MANIFEST_KIND = "sweep"
+BACKENDS = ("native", "horovod")
+SCRIPTS = {b: Path("jobs") / "slurm" / f"{b}.sbatch" for b in BACKENDS}
+EXIT_FAILED, EXIT_PENDING = 1, 3
+SLURM_TIMEOUT = 30  # seconds for one sbatch / squeue / sacct / scontrol call
+
+PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED",
+                  "STOPPED", "SIGNALING"}
+RUNNING_STATES = {"RUNNING", "COMPLETING", "STAGE_OUT"}
+FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+                 "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
+
+
+class SweepError(Exception):
+    """Bad input; the message is the one line the user sees."""
+
+
+def fail(message: str) -> NoReturn:
+    cli.fail(PROG, message)
+
+
+# -- layout -------------------------------------------------------------------------------------------------
+def parse_sizes(text: str) -> list[int]:
+    sizes: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            n = int(part)
+        except ValueError:
+            raise SweepError(f"--sizes: {part!r} is not an integer (expected e.g. 1,2,4,8)") from None
+        if n < 1:
+            raise SweepError(f"--sizes: world size must be >= 1, got {n}")
+        if n in sizes:
+            raise SweepError(f"--sizes: {n} is listed twice")
+        sizes.append(n)
+    return sizes
+
+
+def parse_backends(text: str) -> list[str]:
+    out = [b.strip() for b in text.split(",") if b.strip()]
+    if not out:
+        raise SweepError("--backends: no backend given (expected native,horovod)")
+    for b in out:
+        if b not in BACKENDS:
+            raise SweepError(f"--backends: unknown backend {b!r} (choose from {', '.join(BACKENDS)})")
+    if len(set(out)) != len(out):
+        raise SweepError(f"--backends: a backend is listed twice in {text!r}")
+    return out
+
+
+def layout(size: int, gpus_per_node: int) -> dict[str, int]:
+    """Nodes, tasks per node and GPUs per node for ``size`` ranks, one task per GPU, nodes filled first."""
+    if gpus_per_node == 0:  # CPU cluster: everything on one node
+        return {"nodes": 1, "ntasks_per_node": size, "gpus_per_node": 0}
+    if size <= gpus_per_node:
+        return {"nodes": 1, "ntasks_per_node": size, "gpus_per_node": size}
+    if size % gpus_per_node:
+        raise SweepError(f"world size {size} does not fill whole nodes of {gpus_per_node} GPUs "
+                         f"(use a multiple of {gpus_per_node}, or change --gres-per-node)")
+    return {"nodes": size // gpus_per_node, "ntasks_per_node": gpus_per_node, "gpus_per_node": gpus_per_node}
+
+
+def resource_args(lay: dict[str, int], a: argparse.Namespace) -> list[str]:
+    """The sbatch options that define a run's resources: the same list for both backends of one size."""
+    out = [f"--nodes={lay['nodes']}", f"--ntasks-per-node={lay['ntasks_per_node']}"]
+    if lay["gpus_per_node"]:
+        out.append(f"--gres=gpu:{lay['gpus_per_node']}")
+    if a.cpus_per_task:
+        out.append(f"--cpus-per-task={a.cpus_per_task}")
+    if a.time:
+        out.append(f"--time={a.time}")
+    if a.partition:
+        out.append(f"--partition={a.partition}")
+    if a.account:
+        out.append(f"--account={a.account}")
+    if a.exclusive:
+        out.append("--exclusive")
+    return out + list(a.sbatch_args)
+
+
+# -- submit ---------------------------------------------------------------------------------------------------
+def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every run of the sweep (not yet submitted) and the manifest header; SweepError on bad input."""
+    sizes = parse_sizes(a.sizes)
+    backends = parse_backends(a.backends)
+    if a.gres_per_node < 0:
+        raise SweepError(f"--gres-per-node must be >= 0, got {a.gres_per_node}")
+    if a.cpus_per_task is not None and a.cpus_per_task < 1:
+        raise SweepError(f"--cpus-per-task must be >= 1, got {a.cpus_per_task}")
+    job_path = Path(a.job).resolve()
+    try:
+        job = load_job(job_path, a.sets)
+        if not a.skip_data_check:
+            from common import data as data_mod
+
+            n, _, _ = data_mod.dataset_info(job)
+            for size in sizes:  # every world size must fill at least one global batch
+                job.resolve_steps(n, size)
+    except JobError as e:
+        raise SweepError(str(e)) from None
+    except ValueError as e:  # DataError
+        raise SweepError(f"{e} (or pass --skip-data-check if the data is only visible on compute nodes)") from None
+    lays = {size: layout(size, a.gres_per_node) for size in sizes}
+    results = Path(a.results).resolve()
+    if (results / MANIFEST).exists():
+        raise SweepError(f"{results / MANIFEST} exists: {results} already holds a sweep; use a new --results dir")
+    if results.exists() and not results.is_dir():
+        raise SweepError(f"--results {str(results)!r} is not a directory")
+    for b in backends:
+        if not (cli.REPO / SCRIPTS[b]).is_file():
+            raise SweepError(f"{cli.REPO / SCRIPTS[b]} is missing")
+    runs = []
+    for size in sizes:
+        for b in backends:
+            name = f"{b}-n{size}"
+            runs.append({
+                "backend": b,
+                "size": size,
+                **lays[size],
+                "name": name,
+                "results_dir": name,  # relative to the manifest's directory
+                "log": f"logs/{name}-%j.out",
+                "job_id": None,
+                "resources": resource_args(lays[size], a),
+            })
+    header = {
+        "kind": MANIFEST_KIND,
+        "schema": 1,
+        "created_at": res.now_iso(),
+        "command": list(sys.orig_argv),
+        "repo": str(cli.REPO),
+        "job_file": str(job_path),
+        "sets": list(a.sets),
+        "job_name": job.name,
+        "job_hash": job.job_hash,
+        "sizes": sizes,
+        "backends": backends,
+        "gres_per_node": a.gres_per_node,
+        "hvd_launch": a.hvd_launch,
+        "serial": a.serial,
+        "backend_args": {"native": [*a.backend_args, *a.native_args], "horovod": [*a.backend_args, *a.horovod_args]},
+    }
+    return runs, header
+
+
+def sbatch_command(run: dict[str, Any], header: dict[str, Any], results: Path,
+                   depends_on: str | None) -> list[str]:
+    cmd = ["sbatch", "--parsable", f"--job-name=tb-{run['name']}", f"--chdir={header['repo']}",
+           f"--output={results / run['log']}", *run["resources"]]
+    if depends_on:
+        cmd.append(f"--dependency=afterany:{depends_on}")
+    cmd += [str(Path(header["repo"]) / SCRIPTS[run["backend"]]), header["job_file"],
+            str(results / run["results_dir"]), "--quiet"]
+    for s in header["sets"]:
+        cmd += ["--set", s]
+    return cmd + list(header["backend_args"][run["backend"]])
+
+
+def submit(a: argparse.Namespace) -> int:
+    try:
+        runs, header = plan(a)
+    except SweepError as e:
+        fail(str(e))
+    results = Path(a.results).resolve()
+    env = dict(os.environ)
+    env["TWINBENCH_REPO"] = header["repo"]
+    env["HVD_LAUNCH"] = a.hvd_launch
+    env_prefix = f"TWINBENCH_REPO={shlex.quote(header['repo'])} HVD_LAUNCH={a.hvd_launch}"
+    if a.dry_run:
+        prev = None
+        for i, run in enumerate(runs):
+            dep = prev if a.serial else None
+            print(env_prefix, shlex.join(sbatch_command(run, header, results, dep)))
+            prev = f"<job {i + 1}>"
+        print(f"[{PROG}] dry run: {len(runs)} job(s) not submitted; results would land in "
+              f"{results}/<backend>-n<size>/, the manifest in {results / MANIFEST}", flush=True)
+        return 0
+    if shutil.which("sbatch") is None:
+        fail("sbatch not found: run this on a Slurm login node (or pass --dry-run to see the commands)")
+    try:
+        res.check_results_dir(results)
+        (results / "logs").mkdir(exist_ok=True)
+    except OSError as e:
+        fail(str(e))
+    manifest = {**header, "runs": []}
+    prev = None
+    for run in runs:
+        cmd = sbatch_command(run, header, results, prev if a.serial else None)
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=SLURM_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            proc = subprocess.CompletedProcess(cmd, 1, "", str(e))
+        job_id = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else ""
+        if not job_id:
+            msg = (proc.stderr.strip().splitlines() or ["no job id"])[-1]
+            print(f"{PROG}: error: sbatch refused {run['name']}: {msg}"
+                  + (f" ({len(manifest['runs'])} job(s) submitted, recorded in {results / MANIFEST})"
+                     if manifest["runs"] else ""), file=sys.stderr, flush=True)
+            return EXIT_FAILED
+        run = {**run, "job_id": job_id, "log": run["log"].replace("%j", job_id), "sbatch": cmd,
+               "submitted_at": res.now_iso()}
+        manifest["runs"].append(run)
+        res.write_json_atomic(results / MANIFEST, manifest)
+        prev = job_id
+        print(f"[{PROG}] {run['name']}: job {job_id} ({run['nodes']} node(s) x {run['ntasks_per_node']} task(s)) "
+              f"-> {results / run['results_dir']}", flush=True)
+    print(f"[{PROG}] {len(runs)} job(s) submitted; manifest {results / MANIFEST}; "
+          f"follow with: python -m common.sweep status {results}", flush=True)
+    return 0
+
+
+# -- status ---------------------------------------------------------------------------------------------------
+def _run_quiet(cmd: list[str]) -> str | None:
+    """stdout of a Slurm client command, or None if it is missing, fails or hangs."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SLURM_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 or proc.stdout.strip() else None
+
+
+def slurm_states(job_ids: list[str]) -> dict[str, dict[str, str]]:
+    """job id -> {"state": ..., "reason"/"exit_code": ..., "source": ...}: squeue, then sacct, then scontrol."""
+    out: dict[str, dict[str, str]] = {}
+    if not job_ids:
+        return out
+    text = _run_quiet(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
+    for line in (text or "").splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0] in job_ids:
+            out[parts[0]] = {"state": parts[1], "reason": parts[2], "source": "squeue"}
+    rest = [j for j in job_ids if j not in out]
+    if rest:
+        text = _run_quiet(["sacct", "-n", "-P", "-X", "-j", ",".join(rest), "-o", "JobID,State,ExitCode"])
+        for line in (text or "").splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 3 and parts[0] in rest:
+                state = parts[1].split()[0] if parts[1] else ""  # "CANCELLED by 0"
+                out[parts[0]] = {"state": state, "exit_code": parts[2], "source": "sacct"}
+    for j in [j for j in job_ids if j not in out]:
+        text = _run_quiet(["scontrol", "-o", "show", "job", j])
+        fields = dict(f.split("=", 1) for f in (text or "").split() if "=" in f)
+        if fields.get("JobState"):
+            out[j] = {"state": fields["JobState"], "exit_code": fields.get("ExitCode", ""),
+                      "reason": fields.get("Reason", ""), "source": "scontrol"}
+    return out
+
+
+def classify(run: dict[str, Any], root: Path, slurm: dict[str, str] | None) -> dict[str, Any]:
+    """finished | failed | running | pending | unknown, with the result files and the evidence."""
+    rdir = root / run["results_dir"]
+    files = sorted(str(p) for p in rdir.glob("*.json") if not p.name.startswith(".")) if rdir.is_dir() else []
+    sstate = (slurm or {}).get("state", "")
+    if files:
+        state = "finished"
+    elif sstate in PENDING_STATES:
+        state = "pending"
+    elif sstate in RUNNING_STATES:
+        state = "running"
+    elif sstate in FAILED_STATES or sstate == "COMPLETED":
+        state = "failed"  # COMPLETED without a results JSON: the run did not write one
+    else:
+        state = "unknown"  # Slurm forgot the job (or cannot be asked) and there is no result
+    detail = ""
+    if state == "pending" and (slurm or {}).get("reason"):
+        detail = slurm["reason"]
+    elif state == "failed":
+        detail = "no results JSON" + (f", exit {slurm['exit_code']}" if (slurm or {}).get("exit_code") else "")
+    return {"backend": run["backend"], "size": run["size"], "job_id": run["job_id"], "state": state,
+            "slurm_state": sstate or None, "detail": detail, "results": files, "log": str(root / run["log"])}
+
+
+def load_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST
+    if not root.is_dir():
+        raise SweepError(f"{str(root)!r} is not a directory")
+    if not path.is_file():
+        raise SweepError(f"no sweep here: {path} not found (made by `python -m common.sweep submit`)")
+    try:
+        manifest = json.loads(path.read_text())
+        assert manifest.get("kind") == MANIFEST_KIND and isinstance(manifest["runs"], list)
+        for r in manifest["runs"]:
+            assert all(k in r for k in ("backend", "size", "job_id", "results_dir", "log"))
+    except (OSError, ValueError, AssertionError, KeyError, TypeError, AttributeError):
+        raise SweepError(f"{path} is not a sweep manifest (unreadable or malformed)") from None
+    return manifest
+
+
+def status_once(root: Path) -> list[dict[str, Any]]:
+    manifest = load_manifest(root)
+    runs = manifest["runs"]
+    states = slurm_states([str(r["job_id"]) for r in runs if r.get("job_id")])
+    return [classify(r, root, states.get(str(r["job_id"]))) for r in runs]
+
+
+def print_table(rows: list[dict[str, Any]], root: Path) -> None:
+    head = ("backend", "size", "job", "state", "slurm", "result / detail")
+    lines = []
+    for r in rows:
+        where = (os.path.relpath(r["results"][-1], root) if r["results"] else
+                 f"{r['detail']}; log {os.path.relpath(r['log'], root)}" if r["state"] == "failed" else r["detail"])
+        lines.append((r["backend"], str(r["size"]), str(r["job_id"]), r["state"], r["slurm_state"] or "-", where))
+    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head) - 1)]
+    for row in [head, *lines]:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    print(f"{len(rows)} run(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
+
+
+def exit_code(rows: list[dict[str, Any]]) -> int:
+    states = {r["state"] for r in rows}
+    if "failed" in states:
+        return EXIT_FAILED
+    if states & {"pending", "running"}:
+        return EXIT_PENDING
+    if "unknown" in states:
+        return EXIT_FAILED
+    return 0
+
+
+def status(a: argparse.Namespace) -> int:
+    root = Path(a.results_dir).resolve()
+    if a.wait is not None and a.wait < 0:
+        fail(f"--wait must be >= 0 seconds, got {a.wait}")
+    deadline = time.monotonic() + (a.wait or 0)
+    try:
+        rows = status_once(root)
+        while a.wait and any(r["state"] in ("pending", "running") for r in rows) and time.monotonic() < deadline:
+            time.sleep(min(a.poll, max(deadline - time.monotonic(), 0.1)))
+            rows = status_once(root)
+    except SweepError as e:
+        fail(str(e))
+    if a.json:
+        print(json.dumps({"results_dir": str(root), "runs": rows}, indent=1))
+    else:
+        print_table(rows, root)
+    return exit_code(rows)
+
+
+# -- command line -----------------------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    p = cli.OneLineParser(prog=PROG, description="Submit and follow a native-vs-Horovod scaling sweep on Slurm.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=cli.OneLineParser)
+    s = sub.add_parser("submit", help="submit every backend x world size (identical resources)")
+    s.add_argument("--job", required=True, help="job TOML file")
+    s.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="job override passed to every run (repeatable)")
+    s.add_argument("--sizes", default="1,2,4,8", help="world sizes (GPUs = tasks), comma separated (default 1,2,4,8)")
+    s.add_argument("--backends", default="native,horovod", help="comma separated (default native,horovod)")
+    s.add_argument("--results", required=True, help="sweep directory: results, logs and the manifest")
+    s.add_argument("--gres-per-node", type=int, default=4,
+                   help="GPUs per node (default 4): a size above it takes size/N whole nodes; 0 = no GPUs")
+    s.add_argument("--cpus-per-task", type=int, default=None, help="sbatch --cpus-per-task (default: the script's)")
+    s.add_argument("--time", default=None, help="sbatch --time (default: the script's)")
+    s.add_argument("--partition", default=None, help="sbatch --partition")
+    s.add_argument("--account", default=None, help="sbatch --account")
+    s.add_argument("--exclusive", action="store_true", help="whole nodes for every run (sbatch --exclusive)")
+    s.add_argument("--serial", action="store_true",
+                   help="one run at a time: each job depends on the previous one (afterany)")
+    s.add_argument("--hvd-launch", choices=("srun", "horovodrun"), default="srun",
+                   help="how horovod.sbatch starts ranks (default srun --mpi=pmix)")
+    s.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
+                   help="extra sbatch option for every run, e.g. --sbatch-arg=--qos=normal (repeatable)")
+    s.add_argument("--backend-arg", dest="backend_args", action="append", default=[], metavar="ARG",
+                   help="extra flag for every backend process, e.g. --backend-arg=--threads=4 (repeatable)")
+    s.add_argument("--native-arg", dest="native_args", action="append", default=[], metavar="ARG",
+                   help="extra flag for the native runs only, e.g. --native-arg=--comm=nccl (repeatable)")
+    s.add_argument("--horovod-arg", dest="horovod_args", action="append", default=[], metavar="ARG",
+                   help="extra flag for the Horovod runs only, e.g. --horovod-arg=--fp16-allreduce (repeatable)")
+    s.add_argument("--skip-data-check", action="store_true", help="do not check the job's data files here")
+    s.add_argument("--dry-run", action="store_true", help="print the sbatch commands; submit and write nothing")
+    st = sub.add_parser("status", help="which runs finished, failed or are pending")
+    st.add_argument("results_dir", metavar="DIR", help="the sweep directory given to submit --results")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                    help="poll until no run is pending or running, at most this long")
+    st.add_argument("--poll", type=float, default=10.0, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return submit(a) if a.command == "submit" else status(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

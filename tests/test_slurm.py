@@ -1,0 +1,441 @@
+"""Both backends under a real single-node Slurm (tests/slurm/start_cluster.sh): srun, sbatch, mpirun in an
+allocation, per-task GPU binding, the sweep, and the same losses as ever.
+
+The cluster is Debian's slurm-wlm 22.05 with munge, started once per session in a temporary directory and
+stopped at the end; the node advertises 8 CPUs and 8 fake GPUs (character devices), so Slurm sets
+CUDA_VISIBLE_DEVICES per task although TensorFlow sees no GPU. Runs are serial (2 cores) and cached for the
+session. Without slurm-wlm and munge installed (``TWINBENCH_WITH_SLURM=1 make setup``) or without root,
+these tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.report import load_runs
+from tests.conftest import PY, REPO, SMOKE, base_env, first_divergence, only_result, run
+
+RTOL = 1e-5
+SLURM_DIR = REPO / "tests" / "slurm"
+JOB_TIMEOUT = 180  # seconds for one Slurm job to finish; then it is cancelled and the test fails
+IMMEDIATE = "--immediate=120"  # srun/salloc: fail instead of queueing forever when the node is busy
+distributed = pytest.mark.distributed
+
+
+# -- the cluster -----------------------------------------------------------------------------------------------
+class Cluster:
+    def __init__(self, directory: Path, conf: str) -> None:
+        self.dir = directory
+        self.conf = conf
+        self.node = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+        self.cache: dict[str, Any] = {}
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = base_env()
+        env["SLURM_CONF"] = self.conf
+        env.update(extra)
+        return env
+
+    def run(self, cmd: list[str], **extra_env: str) -> subprocess.CompletedProcess[str]:
+        return run(cmd, env=self.env(**extra_env))
+
+    def job_state(self, job_id: str) -> dict[str, str]:
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=self.env(), capture_output=True,
+                             text=True, timeout=30).stdout
+        return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+    def wait(self, job_id: str, log: Path | None = None) -> dict[str, str]:
+        """Poll `scontrol show job` until the job ends (sbatch --wait is slow); cancel it after JOB_TIMEOUT."""
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while True:
+            info = self.job_state(job_id)
+            if info.get("JobState") not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", None):
+                return info
+            if time.monotonic() > deadline:
+                subprocess.run(["scancel", job_id], env=self.env(), timeout=30)
+                tail = log.read_text()[-3000:] if log and log.exists() else ""
+                raise AssertionError(f"job {job_id} still {info.get('JobState')} after {JOB_TIMEOUT} s "
+                                     f"({info.get('Reason')}); cancelled\n{tail}")
+            time.sleep(0.5)
+
+    def sbatch(self, args: list[str], log: Path, **extra_env: str) -> dict[str, str]:
+        proc = self.run(["sbatch", "--parsable", f"--output={log}", *args], **extra_env)
+        job_id = proc.stdout.strip().split(";")[0]
+        info = self.wait(job_id, log)
+        info["log"] = log.read_text() if log.exists() else ""
+        info["JobId"] = job_id
+        return info
+
+    def once(self, key: str, make: Any) -> Any:
+        """Each distinct run once per session (TF processes are slow to start on 2 cores)."""
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    missing = [b for b in ("slurmctld", "slurmd", "srun", "sbatch", "munged") if shutil.which(b) is None]
+    if missing:
+        pytest.skip(f"Slurm is not installed (missing {', '.join(missing)}): TWINBENCH_WITH_SLURM=1 make setup")
+    if os.geteuid() != 0:
+        pytest.skip("the test Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
+    directory = tmp_path_factory.mktemp("slurm")
+    proc = subprocess.run(["bash", str(SLURM_DIR / "start_cluster.sh"), str(directory)], capture_output=True,
+                          text=True, timeout=120, env={**base_env(), "TWINBENCH_SLURM_INSTALL": "0"})
+    if proc.returncode != 0:
+        subprocess.run(["bash", str(SLURM_DIR / "stop_cluster.sh"), str(directory)], capture_output=True,
+                       timeout=60)
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"could not start the test Slurm cluster: {last}")
+    conf = str(directory / "etc" / "slurm.conf")
+    assert f"export SLURM_CONF={conf}" in proc.stdout
+    try:
+        yield Cluster(directory, conf)
+    finally:
+        keep = ["--keep"] if os.environ.get("TWINBENCH_KEEP_SLURM") == "1" else []
+        subprocess.run(["bash", str(SLURM_DIR / "stop_cluster.sh"), *keep, str(directory)], timeout=120)
+
+
+def backend(kind: str, results: Path, *extra: str) -> list[str]:
+    return [PY, "-m", f"backends.{kind}", "--job", SMOKE, "--results", str(results), "--quiet", *extra]
+
+
+# -- the session's runs (each once) --------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def srun_native(cluster, tmp_path_factory):
+    """srun -n 2, one GPU per task (--gres=gpu:2 --gpus-per-task=1)."""
+    def make():
+        out = tmp_path_factory.mktemp("srun_native")
+        cluster.run(["srun", IMMEDIATE, "--kill-on-bad-exit=1", "-n", "2", "--gres=gpu:2", "--gpus-per-task=1",
+                     *backend("native", out, "--port-base", "12600")])
+        return only_result(out)
+    return cluster.once("srun_native", make)
+
+
+@pytest.fixture(scope="session")
+def srun_horovod(cluster, tmp_path_factory):
+    """srun --mpi=pmix -n 2, one GPU per task."""
+    def make():
+        out = tmp_path_factory.mktemp("srun_horovod")
+        cluster.run(["srun", IMMEDIATE, "--kill-on-bad-exit=1", "--mpi=pmix", "-n", "2", "--gres=gpu:2",
+                     "--gpus-per-task=1",
+                     *backend("horovod", out)])
+        return only_result(out)
+    return cluster.once("srun_horovod", make)
+
+
+@pytest.fixture(scope="session")
+def sweep(cluster, tmp_path_factory):
+    """python -m common.sweep submit at world sizes 1 and 2, both backends, one job at a time; then status."""
+    def make():
+        out = tmp_path_factory.mktemp("sweep")
+        submitted = cluster.run([PY, "-m", "common.sweep", "submit", "--job", SMOKE, "--sizes", "1,2",
+                                 "--backends", "native,horovod", "--results", str(out), "--gres-per-node", "2",
+                                 "--cpus-per-task", "2", "--time", "00:10:00", "--serial"])
+        early = subprocess.run([PY, "-m", "common.sweep", "status", str(out), "--json"], cwd=REPO,
+                               env=cluster.env(), capture_output=True, text=True, timeout=60)
+        final = subprocess.run([PY, "-m", "common.sweep", "status", str(out), "--wait", str(JOB_TIMEOUT * 2),
+                                "--poll", "1"], cwd=REPO, env=cluster.env(), capture_output=True, text=True,
+                               timeout=JOB_TIMEOUT * 2 + 60)
+        return {"dir": out, "submit": submitted, "early": early, "final": final,
+                "manifest": json.loads((out / "sweep-manifest.json").read_text())}
+    return cluster.once("sweep", make)
+
+
+def sweep_result(sw: dict[str, Any], backend_name: str, size: int) -> dict[str, Any]:
+    return only_result(sw["dir"] / f"{backend_name}-n{size}")
+
+
+# -- the cluster itself -----------------------------------------------------------------------------------------------
+@distributed
+def test_cluster_is_up_with_gpus(cluster):
+    proc = cluster.run(["sinfo", "-h", "-N", "-o", "%N %T %c %G"])
+    node, state, cpus, gres = proc.stdout.split()[:4]
+    assert node == cluster.node and state == "idle" and cpus == "8" and gres.startswith("gpu:8"), proc.stdout
+    # Slurm binds GPUs per task (what the backends rely on), although there is no GPU behind them.
+    proc = cluster.run(["srun", IMMEDIATE, "-n", "2", "--gres=gpu:2", "--gpus-per-task=1", "--label",
+                        "printenv", "CUDA_VISIBLE_DEVICES"])
+    assert sorted(ln.replace(" ", "") for ln in proc.stdout.splitlines()) == ["0:0", "1:1"], proc.stdout
+
+
+@distributed
+def test_impossible_request_fails_instead_of_waiting(cluster):
+    t0 = time.monotonic()
+    proc = subprocess.run(["srun", "--immediate=2", "-n", "64", "true"], env=cluster.env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 30, proc.stderr
+
+
+# -- srun -------------------------------------------------------------------------------------------------------------
+@distributed
+def test_srun_native_two_tasks(cluster, srun_native):
+    r = srun_native
+    assert r["backend"] == "native" and r["world_size"] == 2 and r["num_workers"] == 2
+    info = r["backend_info"]
+    assert info["cluster_source"] == "slurm", "the cluster must come from SlurmClusterResolver under srun"
+    assert len(info["cluster"]["workers"]) == 2
+    assert all(w.startswith(f"{cluster.node}:") for w in info["cluster"]["workers"])
+    assert r["hosts"] == [cluster.node] * 2
+    assert r["weights_consistent"] and r["step_losses"][-1] < r["step_losses"][0]
+
+
+@distributed
+def test_srun_horovod_pmix_two_tasks(cluster, srun_horovod):
+    r = srun_horovod
+    assert r["backend"] == "horovod" and r["world_size"] == 2 and r["num_workers"] == 2
+    assert r["backend_info"]["controller"] == "mpi", "srun --mpi=pmix starts Horovod's MPI controller"
+    assert r["hosts"] == [cluster.node] * 2
+    assert r["weights_consistent"]
+
+
+@distributed
+@pytest.mark.parametrize("which", ["srun_native", "srun_horovod"])
+def test_one_gpu_per_task_each_rank_records_its_own(which, request):
+    """--gres=gpu:2 --gpus-per-task=1: Slurm gives rank i GPU i; the results name it per rank."""
+    devices = request.getfixturevalue(which)["devices"]
+    assert len(devices) == 2 and devices[0] != devices[1], devices
+    assert devices == ["cpu (CUDA_VISIBLE_DEVICES=0)", "cpu (CUDA_VISIBLE_DEVICES=1)"], devices
+
+
+@distributed
+def test_srun_native_and_horovod_same_losses(srun_native, srun_horovod):
+    assert srun_native["job_hash"] == srun_horovod["job_hash"]
+    assert srun_native["initial_weights_digest"] == srun_horovod["initial_weights_digest"]
+    msg = first_divergence(srun_native["step_losses"], srun_horovod["step_losses"], RTOL)
+    assert msg is None, f"srun native vs srun --mpi=pmix horovod: {msg}"
+
+
+# -- sbatch scripts ----------------------------------------------------------------------------------------------------
+def test_sbatch_scripts_differ_only_in_the_launch():
+    """Identical resources and environment: everything before the launch section is the same text."""
+    nat = (REPO / "jobs" / "slurm" / "native.sbatch").read_text().split("# -- launch")
+    hvd = (REPO / "jobs" / "slurm" / "horovod.sbatch").read_text().split("# -- launch")
+    assert len(nat) == len(hvd) == 2
+    assert nat[0] == hvd[0]
+    assert "srun python -m backends.native --port-base" in nat[1]
+    assert "srun --mpi=pmix python -m backends.horovod" in hvd[1]
+    assert 'horovodrun -np "$SLURM_NTASKS" -H "$(tb_hvd_hosts)"' in hvd[1]
+    for script in ("native.sbatch", "horovod.sbatch", "env.sh"):
+        subprocess.run(["bash", "-n", str(REPO / "jobs" / "slurm" / script)], check=True)
+
+
+@distributed
+def test_sbatch_native_script(cluster, tmp_path_factory):
+    """native.sbatch with the 2-GPU preset and Slurm's per-task binding, submitted and polled."""
+    def make():
+        out = tmp_path_factory.mktemp("sbatch_native")
+        info = cluster.sbatch(["--ntasks-per-node=2", "--gres=gpu:2", "--gpus-per-task=1", "--cpus-per-task=2",
+                               str(REPO / "jobs" / "slurm" / "native.sbatch"), SMOKE, str(out / "res"), "--quiet"],
+                              out / "job.out", TWINBENCH_REPO=str(REPO))
+        return info, out
+    info, out = cluster.once("sbatch_native", make)
+    assert info["JobState"] == "COMPLETED", info["log"][-3000:]
+    assert "[twinbench] knobs:" in info["log"] and "SLURM_KILL_BAD_EXIT=1" in info["log"]
+    assert f"launch: srun python -m backends.native --port-base {12000 + int(info['JobId']) % 250 * 32}" \
+        in info["log"]
+    r = only_result(out / "res")
+    assert r["backend"] == "native" and r["world_size"] == 2
+    assert r["devices"] == ["cpu (CUDA_VISIBLE_DEVICES=0)", "cpu (CUDA_VISIBLE_DEVICES=1)"]
+
+
+@distributed
+def test_sbatch_horovod_script_with_horovodrun(cluster, tmp_path_factory, srun_horovod):
+    """horovod.sbatch with HVD_LAUNCH=horovodrun: -H from scontrol show hostnames; tasks see the job's GPUs."""
+    def make():
+        out = tmp_path_factory.mktemp("sbatch_horovodrun")
+        info = cluster.sbatch(["--ntasks-per-node=2", "--gres=gpu:2", "--cpus-per-task=2",
+                               str(REPO / "jobs" / "slurm" / "horovod.sbatch"), SMOKE, str(out / "res"), "--quiet"],
+                              out / "job.out", TWINBENCH_REPO=str(REPO), HVD_LAUNCH="horovodrun")
+        return info, out
+    info, out = cluster.once("sbatch_horovodrun", make)
+    assert info["JobState"] == "COMPLETED", info["log"][-3000:]
+    assert f"launch: horovodrun -np 2 -H {cluster.node}:2 python -m backends.horovod" in info["log"]
+    r = only_result(out / "res")
+    assert r["backend"] == "horovod" and r["world_size"] == 2
+    # No per-task binding under horovodrun: both ranks see the job's two GPUs (and would pin by local_rank).
+    assert r["devices"] == ["cpu (CUDA_VISIBLE_DEVICES=0,1)"] * 2
+    msg = first_divergence(r["step_losses"], srun_horovod["step_losses"], RTOL)
+    assert msg is None, f"horovodrun vs srun: {msg}"
+
+
+@distributed
+def test_sbatch_bad_hvd_launch_fails_cleanly(cluster, tmp_path):
+    info = cluster.sbatch([str(REPO / "jobs" / "slurm" / "horovod.sbatch"), SMOKE, str(tmp_path / "res")],
+                          tmp_path / "job.out", TWINBENCH_REPO=str(REPO), HVD_LAUNCH="ssh")
+    assert info["JobState"] == "FAILED"
+    assert "HVD_LAUNCH must be srun or horovodrun" in info["log"]
+
+
+@distributed
+def test_sbatch_preempted_run_requeues_itself_and_resumes(cluster, tmp_path_factory, sweep):
+    """SIGTERM mid-run (the backends' test hook): checkpoint, exit 75, the script requeues the job, the same
+    command resumes and ends with the losses and weights of the uninterrupted run (the sweep's horovod-n1)."""
+    def make():
+        out = tmp_path_factory.mktemp("sbatch_requeue")
+        info = cluster.sbatch(["--cpus-per-task=2", str(REPO / "jobs" / "slurm" / "horovod.sbatch"), SMOKE,
+                               str(out / "res"), "--quiet", "--signal-at-step", "3", "--preempt-check-steps", "2"],
+                              out / "job.out", TWINBENCH_REPO=str(REPO))
+        return info, out
+    info, out = cluster.once("sbatch_requeue", make)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info["log"][-3000:]
+    assert "exit status 75" in info["log"] and "requeueing job" in info["log"]
+    r = only_result(out / "res")
+    assert r["resumed_from_step"] > 0
+    ref = sweep_result(sweep, "horovod", 1)
+    assert r["weights_digest"] == ref["weights_digest"]
+    msg = first_divergence(r["step_losses"], ref["step_losses"], RTOL)
+    assert msg is None, f"resumed vs uninterrupted: {msg}"
+
+
+# -- mpirun inside an allocation -------------------------------------------------------------------------------------
+@distributed
+def test_mpirun_horovod_inside_salloc(cluster, tmp_path_factory, srun_horovod):
+    def make():
+        out = tmp_path_factory.mktemp("salloc_mpirun")
+        cluster.run(["salloc", IMMEDIATE, "-n", "2", "mpirun", "-np", "2", *backend("horovod", out)])
+        return only_result(out)
+    r = cluster.once("salloc_mpirun", make)
+    assert r["backend"] == "horovod" and r["world_size"] == 2
+    assert r["backend_info"]["controller"] == "mpi"
+    msg = first_divergence(r["step_losses"], srun_horovod["step_losses"], RTOL)
+    assert msg is None, f"mpirun in salloc vs srun --mpi=pmix: {msg}"
+
+
+# -- the sweep -------------------------------------------------------------------------------------------------------
+@distributed
+def test_sweep_submits_and_finishes_both_backends(sweep):
+    m = sweep["manifest"]
+    assert sweep["submit"].returncode == 0
+    assert [(r["backend"], r["size"]) for r in m["runs"]] == [
+        ("native", 1), ("horovod", 1), ("native", 2), ("horovod", 2)]
+    assert all(r["job_id"] for r in m["runs"])
+    # Identical resources for the two backends of a size.
+    by_size: dict[int, list[list[str]]] = {}
+    for r in m["runs"]:
+        by_size.setdefault(r["size"], []).append(r["resources"])
+    for size, res in by_size.items():
+        assert res[0] == res[1], f"size {size}: {res}"
+        assert f"--ntasks-per-node={size}" in res[0] and f"--gres=gpu:{size}" in res[0]
+    # Right after submission (--serial) the later jobs are still waiting for the earlier ones.
+    early = json.loads(sweep["early"].stdout)
+    assert sweep["early"].returncode == 3, sweep["early"].stdout
+    assert {r["state"] for r in early["runs"]} <= {"pending", "running", "finished"}
+    assert early["runs"][-1]["state"] == "pending"
+    final = sweep["final"]
+    assert final.returncode == 0, final.stdout + final.stderr
+    assert "4 run(s): 4 finished" in final.stdout
+    for r in m["runs"]:
+        rec = sweep_result(sweep, r["backend"], r["size"])
+        assert rec["backend"] == r["backend"] and rec["world_size"] == r["size"]
+        assert rec["job_hash"] == m["job_hash"]
+
+
+@distributed
+@pytest.mark.parametrize("size", [1, 2])
+def test_sweep_native_and_horovod_same_losses(sweep, size):
+    nat, hvd = sweep_result(sweep, "native", size), sweep_result(sweep, "horovod", size)
+    msg = first_divergence(nat["step_losses"], hvd["step_losses"], RTOL)
+    assert msg is None, f"sweep n{size}: native vs horovod: {msg}"
+
+
+@distributed
+def test_sweep_runs_match_srun_runs_and_see_the_jobs_gpus(sweep, srun_native):
+    nat2 = sweep_result(sweep, "native", 2)
+    msg = first_divergence(nat2["step_losses"], srun_native["step_losses"], RTOL)
+    assert msg is None, f"sbatch (sweep) vs srun native: {msg}"
+    # --gres=gpu:2 without per-task binding: every task sees the job's two GPUs (and picks SLURM_LOCALID-th).
+    assert nat2["devices"] == ["cpu (CUDA_VISIBLE_DEVICES=0,1)"] * 2
+    assert sweep_result(sweep, "horovod", 1)["devices"] == ["cpu (CUDA_VISIBLE_DEVICES=0)"]
+
+
+@distributed
+def test_sweep_report_reads_the_sweep(sweep):
+    proc = run([PY, "-m", "common.report", str(sweep["dir"]), "--no-plots", "--quiet"], check=False)
+    assert proc.returncode == 0, proc.stderr
+    runs = load_runs(sweep["dir"], warn=lambda _m: None)
+    assert sorted((r["backend"], r["world_size"]) for r in runs) == [
+        ("horovod", 1), ("horovod", 2), ("native", 1), ("native", 2)]
+
+
+@distributed
+def test_sweep_status_reports_failed_runs(cluster, tmp_path):
+    """A run that exits non-zero without a results JSON is 'failed' (status exit 1); no TensorFlow starts."""
+    out = tmp_path / "sw"
+    cluster.run([PY, "-m", "common.sweep", "submit", "--job", SMOKE, "--sizes", "1", "--results", str(out),
+                 "--gres-per-node", "2", "--cpus-per-task", "1", "--serial", "--backend-arg=--threads=-1"])
+    proc = subprocess.run([PY, "-m", "common.sweep", "status", str(out), "--wait", str(JOB_TIMEOUT), "--poll", "1",
+                           "--json"], cwd=REPO, env=cluster.env(), capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT + 60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = json.loads(proc.stdout)["runs"]
+    assert [r["state"] for r in rows] == ["failed", "failed"], rows
+    assert all(r["slurm_state"] == "FAILED" for r in rows), rows
+    for r in rows:
+        assert "--threads must be >= 0" in Path(r["log"]).read_text()
+
+
+# -- the sweep without Slurm: planning and bad input ----------------------------------------------------------------
+def _sweep(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "common.sweep", *args], cwd=REPO, env=env or base_env(), capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_sweep_dry_run_plans_identical_resources(tmp_path):
+    out = tmp_path / "sw"
+    proc = _sweep("submit", "--job", SMOKE, "--sizes", "1,2,4,8", "--results", str(out), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if " sbatch " in ln]
+    assert len(lines) == 8
+    assert not out.exists(), "a dry run writes nothing"
+
+    def resources(line: str) -> list[str]:
+        return [w for w in line.split() if w.startswith(("--nodes=", "--ntasks-per-node=", "--gres="))]
+
+    for i in range(0, 8, 2):
+        assert "native.sbatch" in lines[i] and "horovod.sbatch" in lines[i + 1]
+        assert resources(lines[i]) == resources(lines[i + 1])
+    assert resources(lines[6]) == ["--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4"]  # 8 = 2 nodes x 4
+    assert resources(lines[4]) == ["--nodes=1", "--ntasks-per-node=4", "--gres=gpu:4"]
+    assert f"{out}/native-n8" in lines[6]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["submit", "--job", "jobs/nope.toml", "--results", "R"], "not found"),
+    (["submit", "--job", SMOKE, "--results", "R", "--sizes", "1,two"], "not an integer"),
+    (["submit", "--job", SMOKE, "--results", "R", "--sizes", "6"], "does not fill whole nodes"),
+    (["submit", "--job", SMOKE, "--results", "R", "--backends", "native,pytorch"], "unknown backend"),
+    (["submit", "--job", SMOKE, "--results", "R", "--set", "bogus=1"], "unknown job key"),
+    (["submit", "--job", SMOKE, "--results", "R", "--gres-per-node", "-1"], "--gres-per-node"),
+    (["submit", "--job", SMOKE, "--results", "R", "--hvd-launch", "ssh"], "invalid choice"),
+    (["status", "/nonexistent-twinbench"], "not a directory"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_sweep_bad_input_is_one_line_exit_2(args, message, tmp_path):
+    args = [str(tmp_path / "R") if a == "R" else a for a in args]
+    proc = _sweep(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "R").exists()
+
+
+def test_sweep_status_without_manifest_and_without_tensorflow(tmp_path):
+    proc = _sweep("status", str(tmp_path))
+    assert proc.returncode == 2 and "no sweep here" in proc.stderr
+    code = "import sys, common.sweep; assert 'tensorflow' not in sys.modules"
+    subprocess.run([PY, "-c", code], cwd=REPO, env=base_env(), check=True)
+
+
+def test_sweep_refuses_submit_without_sbatch(tmp_path):
+    env = base_env()
+    env["PATH"] = str(Path(PY).parent)  # the venv only: no sbatch
+    proc = _sweep("submit", "--job", SMOKE, "--results", str(tmp_path / "R"), env=env)
+    assert proc.returncode == 2 and "sbatch not found" in proc.stderr, proc.stderr
