@@ -760,6 +760,108 @@ def plot_job(summary: JobSummary) -> dict[str, bytes]:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# allreduce microbenchmark and scaling model
+# ----------------------------------------------------------------------------------------------------------
+def load_allreduce(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None] = _warn) -> list[dict[str, Any]]:
+    """The ``kind: allreduce`` JSONs (common.bench) under ``results_dir``, newest last per backend x size."""
+    out = []
+    for path in result_files(results_dir):
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # load_runs already warned about unreadable files
+        if not isinstance(d, dict) or d.get("kind") != "allreduce":
+            continue
+        if not isinstance(d.get("rows"), list) or not isinstance(d.get("world_size"), int) or not d.get("backend"):
+            warn(f"skipping {path}: incomplete allreduce benchmark")
+            continue
+        d["_path"] = str(path)
+        out.append(d)
+    return sorted(out, key=lambda d: (d["backend"], d["world_size"], str(d.get("finished_at", ""))))
+
+
+def format_allreduce(benches: Sequence[Mapping[str, Any]]) -> str:
+    """One Markdown table per backend x world size: time, algbw and busbw per message size."""
+    lines = ["## Allreduce microbenchmark", "",
+             "SUM of float32 tensors; time = median over iterations of the slowest rank; algbw = bytes / time; "
+             "busbw = algbw x 2(n-1)/n (nccl-tests' definitions).", ""]
+    for b in benches:
+        info = b.get("backend_info") or {}
+        comm = info.get("communication") or info.get("controller") or NA
+        lines += [f"### {b['backend']}, {b['world_size']} ranks ({comm}; hosts "
+                  f"{_distinct(str(h) for h in b.get('hosts', []))})", ""]
+        body = [[f"{int(r['bytes']):,}", _f(_num(r.get("time_median")), ".1f", 1e6),
+                 _f(_num(r.get("time_p95")), ".1f", 1e6), _f(_num(r.get("algbw_GBps")), ".3f"),
+                 _f(_num(r.get("busbw_GBps")), ".3f")] for r in b["rows"]]
+        lines += [_md_table(("bytes", "time p50 (us)", "time p95 (us)", "algbw (GB/s)", "busbw (GB/s)"), body), ""]
+    return "\n".join(lines)
+
+
+def plot_allreduce(benches: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for i, b in enumerate(benches):
+        rows = [r for r in b["rows"] if _num(r.get("busbw_GBps")) is not None]
+        ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-",
+                color=_COLORS.get(b["backend"], f"C{i + 2}"), label=f"{b['backend']}, {b['world_size']} ranks")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("allreduce bus bandwidth (float32 sum)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return {"allreduce_busbw.png": _png_bytes(fig)}
+
+
+def format_model(summary: JobSummary, benches: Sequence[Mapping[str, Any]]) -> str:
+    """Predicted vs measured step time and efficiency per backend, and the extrapolation (a model, labelled)."""
+    from common import scaling
+
+    lines: list[str] = []
+    for backend in summary.backends:
+        base = next((r for r in summary.rows if r.backend == backend and r.world_size == 1), None)
+        bench = next((b for b in reversed(benches) if b["backend"] == backend and b["world_size"] >= 2), None)
+        grad = _median(_num(r.get("gradient_bytes")) for r in summary.runs
+                       if r["backend"] == backend and r["world_size"] == 1)
+        if base is None or bench is None or grad is None or base.step_p50 is None:
+            missing = [w for w, ok in (("a 1-replica run", base is not None and grad is not None),
+                                       ("an allreduce benchmark at >= 2 ranks", bench is not None)) if not ok]
+            lines.append(f"- {backend}: no model ({' and '.join(missing)} missing)")
+            continue
+        fit = scaling.fit_alpha_beta(bench["rows"], bench["world_size"])
+        if fit is None:
+            lines.append(f"- {backend}: no model (the allreduce times do not fit alpha + beta x bytes)")
+            continue
+        tc = base.step_p50
+        comp = next((r.get("backend_info", {}).get("compression") for r in summary.runs if r["backend"] == backend),
+                    None)
+        lines += [f"### Model: {backend}", "",
+                  f"Compute time per step {tc * 1e3:.2f} ms (1-replica median step), gradient bytes S = "
+                  f"{int(grad):,}{' (fp16 compression: half of float32)' if comp == 'fp16' else ''}; fitted from "
+                  f"the {bench['world_size']}-rank allreduce benchmark: latency {fit.alpha * 1e6:.1f} us "
+                  f"({fit.alpha_hop * 1e6:.2f} us per ring hop), bus bandwidth {fit.bus_bandwidth / 1e9:.3f} GB/s. "
+                  "Step(N) = compute + 2(N-1) x hop latency + 2(N-1)/N x S / B, no overlap (an upper bound).", ""]
+        measured = {r.world_size: r for r in summary.rows if r.backend == backend}
+        body = []
+        for n in sorted(measured):
+            p = scaling.predict(tc, grad, fit, n)
+            m = measured[n]
+            body.append([str(n), _f(m.step_p50, ".2f", 1e3), _f(p["step_time"], ".2f", 1e3),
+                         _f(m.efficiency, ".1f", 100, "%"), _f(p["efficiency"], ".1f", 100, "%")])
+        lines += [_md_table(("replicas", "measured step p50 (ms)", "predicted step (ms)", "measured efficiency",
+                             "predicted efficiency"), body), ""]
+        body = [[str(n), _f(p["step_time"], ".2f", 1e3), _f(p["comm_time"], ".2f", 1e3),
+                 _f(p["efficiency"], ".1f", 100, "%")]
+                for n in scaling.EXTRAPOLATE for p in [scaling.predict(tc, grad, fit, n)]]
+        lines += ["Extrapolation (MODEL, not measured; assumes the benchmarked links at every size):", "",
+                  _md_table(("replicas", "predicted step (ms)", "of which allreduce (ms)", "predicted efficiency"),
+                            body), ""]
+    if not lines:
+        return ""
+    return "\n".join([f"## Scaling model — {summary.name} (`{summary.job_hash}`)", "", *lines])
+
+
+# ----------------------------------------------------------------------------------------------------------
 # writing
 # ----------------------------------------------------------------------------------------------------------
 def write_atomic(path: Path, data: bytes | str) -> Path:
@@ -820,7 +922,17 @@ def build_report(results_dir: str | os.PathLike[str], out_dir: str | os.PathLike
                 p = write_atomic(out / name, png)
                 images.setdefault(s.job_hash, []).append(p)
                 paths.append(p)
-    paths.insert(0, write_atomic(out / "report.md", format_markdown(summaries, results_dir=root, images=images)))
+    benches = load_allreduce(root, warn=warn)
+    extra = ""
+    if benches:
+        extra = "\n" + format_allreduce(benches) + "\n"
+        if plots:
+            for name, png in plot_allreduce(benches).items():
+                paths.append(write_atomic(out / name, png))
+                extra += f"\n![{Path(name).stem}]({name})\n"
+        extra += "".join("\n" + m + "\n" for m in (format_model(s, benches) for s in summaries) if m)
+    md = format_markdown(summaries, results_dir=root, images=images) + extra
+    paths.insert(0, write_atomic(out / "report.md", md))
     paths.insert(1, write_atomic(out / "report.csv", format_csv(summaries)))
     return Report(summaries, paths)
 

@@ -347,6 +347,7 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> dict[str, Any] | None
         return None
 
     stats = res.throughput_stats([r["step_times"] for r in everyone], gb, job.timing_warmup_steps)
+    n_params = int(sum(int(math.prod(v.shape)) for v in model.trainable_variables))
     record: dict[str, Any] = {
         "schema": res.SCHEMA,
         "kind": "train",
@@ -374,6 +375,9 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> dict[str, Any] | None
         "started_at": res.now_iso_from(opts.t_process_start),
         "finished_at": res.now_iso(),
         "run_id": res.new_run_id(),
+        "trainable_params": n_params,
+        # bytes allreduced per step (float32 gradients; half with Horovod's fp16 compression): the scaling model's S
+        "gradient_bytes": n_params * (2 if backend.describe().get("compression") == "fp16" else 4),
         "initial_weights_digest": init_digest,
         "weights_digest": everyone[0]["final_digest"],
         "weights_consistent": len({r["final_digest"] for r in everyone}) == 1,

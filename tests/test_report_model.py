@@ -1,0 +1,76 @@
+"""The report's allreduce section and scaling model, checked against hand-computed numbers."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from common import report
+from tests.test_report import make_run, put
+
+ALPHA, BETA = 100e-6, 2e-9  # fitted exactly from these: 100 us + bytes x 2 ns (0.5 GB/s algbw at 2 ranks)
+GRAD = 4_000_000  # gradient bytes per step
+
+
+def bench(backend: str) -> dict:
+    rows = [{"bytes": b, "time_median": ALPHA + BETA * b, "time_p95": ALPHA + BETA * b,
+             "algbw_GBps": b / (ALPHA + BETA * b) / 1e9, "busbw_GBps": b / (ALPHA + BETA * b) / 1e9}
+            for b in (4096, 1 << 20, 16 << 20)]
+    return {"schema": 1, "kind": "allreduce", "backend": backend, "world_size": 2, "num_workers": 2, "rows": rows,
+            "hosts": ["n0", "n1"], "run_id": f"ar-{backend}", "backend_info": {"communication": "ring"}}
+
+
+def test_model_and_allreduce_sections(tmp_path: Path):
+    d = tmp_path / "res"
+    for b in ("native", "horovod"):
+        put(d, make_run(b, 1, 100.0, step=(0.010, 0.012), gradient_bytes=GRAD))
+        put(d, make_run(b, 2, 150.0, step=(0.015, 0.016), gradient_bytes=GRAD))
+        put(d, bench(b), name=f"allreduce-{b}.json")
+    out = tmp_path / "out"
+    assert report.main([str(d), "--out", str(out), "-q"]) == 0
+    md = (out / "report.md").read_text()
+    assert "## Allreduce microbenchmark" in md and (out / "allreduce_busbw.png").read_bytes()[:4] == b"\x89PNG"
+    # fit: hop latency = alpha / 2 = 50 us; B = 1/beta (2(n-1)/n = 1) = 0.5 GB/s
+    assert "latency 100.0 us (50.00 us per ring hop), bus bandwidth 0.500 GB/s" in md
+    # N = 2: 10 ms + 2 x 50 us + 1 x 4 MB / 0.5 GB/s = 10 + 0.1 + 8 = 18.10 ms; efficiency 10 / 18.1 = 55.2%
+    row2 = re.search(r"^\| 2 \| 15\.00 \| 18\.10 \| 75\.0% \| 55\.2% \|$", md, re.M)
+    assert row2, md
+    # N = 8: 10 + 14 x 0.05 + 1.75 x 8 = 10 + 0.7 + 14 = 24.70 ms, allreduce 14.70 ms, efficiency 40.5%
+    assert re.search(r"^\| 8 \| 24\.70 \| 14\.70 \| 40\.5% \|$", md, re.M), md
+    assert md.count("MODEL, not measured") == 2  # one extrapolation per backend, labelled
+    # the allreduce JSONs are not training runs: the scaling table still has exactly 4 rows
+    assert report.build_report(d, out, plots=False).summaries[0].rows.__len__() == 4
+
+
+def test_model_missing_inputs_are_said_plainly(tmp_path: Path):
+    d = tmp_path / "res"
+    put(d, make_run("native", 2, 150.0, gradient_bytes=GRAD))
+    put(d, bench("native"), name="allreduce-native.json")
+    out = tmp_path / "out"
+    assert report.main([str(d), "--out", str(out), "-q", "--no-plots"]) == 0
+    assert "native: no model (a 1-replica run missing)" in (out / "report.md").read_text()
+
+
+def test_fp16_compression_is_stated(tmp_path: Path):
+    d = tmp_path / "res"
+    for ws in (1, 2):
+        put(d, make_run("horovod", ws, 100.0 * ws, gradient_bytes=GRAD // 2,
+                        backend_info={"compression": "fp16"}))
+    put(d, bench("horovod"), name="allreduce-horovod.json")
+    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert f"S = {GRAD // 2:,} (fp16 compression: half of float32)" in md
+
+
+@pytest.mark.parametrize("bad", [{"rows": "x"}, {"world_size": "2"}])
+def test_incomplete_allreduce_json_is_skipped(tmp_path: Path, bad, capsys):
+    d = tmp_path / "res"
+    put(d, make_run("native", 1, 100.0))
+    b = bench("native")
+    b.update(bad)
+    (d / "allreduce-bad.json").write_text(json.dumps(b))
+    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
+    assert "incomplete allreduce benchmark" in capsys.readouterr().err
