@@ -25,5 +25,10 @@ run native-1 $PY -m backends.native "${COMMON[@]}"
 run native-2 $PY -m backends.native --nproc 2 "${COMMON[@]}"
 run horovod-1 horovodrun -np 1 -H localhost:1 --gloo $PY -m backends.horovod "${COMMON[@]}"
 run horovod-2 horovodrun -np 2 -H localhost:2 --gloo $PY -m backends.horovod "${COMMON[@]}"
+# allreduce microbenchmark at 2 ranks (small sizes on a CPU): feeds the report's scaling model
+BENCH=(--bench allreduce --sizes "${SIZES:-4K,64K,1M,4M}" --iters 10 --results "$OUT")
+run allreduce-native-2 $PY -m backends.native --nproc 2 "${BENCH[@]}"
+run allreduce-horovod-2 horovodrun -np 2 -H localhost:2 --gloo $PY -m backends.horovod "${BENCH[@]}"
 echo
 $PY -m common.report "$OUT" --out "$OUT/report"
+echo "plots and the full report (scaling model included): $OUT/report/"

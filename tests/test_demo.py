@@ -1,0 +1,32 @@
+"""The README's main command (`make demo` = scripts/demo.sh after set-up) works end to end on this machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO, base_env
+
+pytestmark = pytest.mark.distributed
+
+
+def test_demo_compares_both_backends_and_reports(tmp_path):
+    env = base_env()
+    env["OUT"] = str(tmp_path / "demo")
+    proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = [json.loads(p.read_text()) for p in (tmp_path / "demo").glob("*.json")]
+    train = sorted((r["backend"], r["world_size"]) for r in runs if r["kind"] == "train")
+    assert train == [("horovod", 1), ("horovod", 2), ("native", 1), ("native", 2)]
+    assert len({r["job_hash"] for r in runs if r["kind"] == "train"}) == 1
+    assert sorted(r["backend"] for r in runs if r["kind"] == "allreduce") == ["horovod", "native"]
+    # the printed table has a row per backend x world size, and the report names its plots
+    for backend in ("native", "horovod"):
+        for ws in (1, 2):
+            assert f"| {backend} | {ws} | {ws} | 1 |" in proc.stdout
+    md = (tmp_path / "demo" / "report" / "report.md").read_text()
+    assert "## Scaling model" in md and "MODEL, not measured" in md
+    assert (tmp_path / "demo" / "report" / "allreduce_busbw.png").stat().st_size > 1000
