@@ -868,6 +868,7 @@ def write_atomic(path: Path, data: bytes | str) -> Path:
     """Write to a hidden temp file in the same directory, then rename: readers see all or nothing."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared like any file
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
@@ -1005,3 +1006,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current

@@ -94,6 +94,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> Path:
     """Write to a hidden temp file in the same directory, fsync, then rename: readers see all or nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared like any file
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
@@ -123,3 +124,9 @@ def check_results_dir(path: str | os.PathLike[str]) -> Path:
 
 def now_iso_from(epoch_seconds: float) -> str:
     return _dt.datetime.fromtimestamp(epoch_seconds, _dt.UTC).isoformat(timespec="seconds")
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
