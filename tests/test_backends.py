@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 
 import pytest
@@ -67,3 +68,27 @@ def test_results_record_is_complete(runner):
     slowest = max(sum(r[warm:]) for r in rec["per_rank_step_times"])
     assert rec["images_per_sec"] == pytest.approx(rec["global_batch_size"] * (rec["steps"] - warm) / slowest)
     assert rec["time_to_first_step"] > 0
+
+
+@pytest.mark.parametrize("mode", ["fit", "ctl"])
+@pytest.mark.parametrize("option", ["mixed_precision", "xla"])
+def test_mixed_precision_and_xla_train(tmp_path, mode, option):
+    """The GPU-oriented options run on both training paths and still learn (CPU: correctness, not speed)."""
+    run([PY, "-m", "backends.native", "--job", SMOKE, "--set", f"mode={mode}", "--set", f"{option}=true",
+         "--set", "steps=20", "--results", str(tmp_path), "--quiet"])
+    rec = only_result(tmp_path)
+    assert rec["job"][option] is True
+    losses = rec["step_losses"]
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+
+
+def test_horovod_fp16_compression_stays_close(runner, tmp_path):
+    """fp16 allreduce changes the math a little (recorded), not a lot."""
+    run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", PY, "-m", "backends.horovod", "--job", SMOKE,
+         "--fp16-allreduce", "--results", str(tmp_path), "--quiet"])
+    fp16 = only_result(tmp_path)
+    exact = runner("horovod")
+    assert fp16["backend_info"]["compression"] == "fp16"
+    assert fp16["gradient_bytes"] == exact["gradient_bytes"] // 2
+    assert fp16["step_losses"] != exact["step_losses"]
+    assert fp16["step_losses"][-1] == pytest.approx(exact["step_losses"][-1], rel=1e-2)

@@ -137,10 +137,11 @@ def test_native_dead_worker_stops_the_other_by_watchdog(tmp_path, mode):
 
 
 @pytest.mark.parametrize("kind", ["native", "horovod"])
-def test_killed_rank_under_launcher_ends_everything(tmp_path, kind):
+@pytest.mark.parametrize("mode", ["ctl", "fit"])
+def test_killed_rank_under_launcher_ends_everything(tmp_path, kind, mode):
     """--nproc and horovodrun: kill -9 one rank mid-run; every rank and the launcher are gone within 60 s."""
     marker = str(tmp_path)
-    launcher = subprocess.Popen(_cmd(kind, tmp_path, "--set", "steps=100000", "--set", "mode=ctl"),
+    launcher = subprocess.Popen(_cmd(kind, tmp_path, "--set", "steps=100000", "--set", f"mode={mode}"),
                                 cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
     try:
