@@ -361,6 +361,7 @@ def _summarize_job(job_hash: str, runs: list[dict[str, Any]]) -> JobSummary:
         present = ", ".join(backends) or "none"
         notes.append(f"no {' or '.join(missing)} runs for this job (backends present: {present}), so the "
                      f"{RATIO_NUM}/{RATIO_DEN} ratio is {NA}")
+    lone_sizes: dict[str, list[int]] = {}  # backend -> world sizes only it ran (ratio n/a there)
     for ws in sorted({r.world_size for r in rows}):
         den = [r for r in rows if r.backend == RATIO_DEN and r.world_size == ws]
         num = [r for r in rows if r.backend == RATIO_NUM and r.world_size == ws]
@@ -381,13 +382,15 @@ def _summarize_job(job_hash: str, runs: list[dict[str, Any]]) -> JobSummary:
                     r.ratio = ratio
             lone = d if n is None else n if d is None else None
             if not missing and lone is not None:
-                only = lone.backend
-                notes.append(f"{RATIO_NUM}/{RATIO_DEN} ratio is {NA} at world size {ws}: only {only} ran there")
+                lone_sizes.setdefault(lone.backend, []).append(ws)
             elif d and n and d.num_workers != n.num_workers:
                 notes.append(f"at world size {ws} the backends ran different topologies ({RATIO_DEN}: "
                              f"{d.num_workers} worker(s), {RATIO_NUM}: {n.num_workers} worker(s)); the ratio "
                              "compares them as they ran")
 
+    for b, sizes in lone_sizes.items():
+        listed = ", ".join(str(x) for x in dict.fromkeys(sizes))
+        notes.append(f"{RATIO_NUM}/{RATIO_DEN} ratio is {NA} at world size {listed}: only {b} ran there")
     if any(r.repeats == 1 for r in rows):
         notes.append(f"rows with a single repeat show \"{NO_INTERVAL}\"; repeat those runs to get an interval")
     per_replica = _num(job.get("per_replica_batch_size"))
@@ -633,7 +636,8 @@ def format_section(summary: JobSummary, *, level: int = 2, out_dir: Path | None 
                 p = p.relative_to(results_dir)
             except ValueError:
                 pass
-        files.append(f"- `{p}`: {r['backend']}, {r['world_size']} replicas, {float(r['images_per_sec']):.1f} img/s")
+        reps = f"{r['world_size']} replica{'' if r['world_size'] == 1 else 's'}"
+        files.append(f"- `{p}`: {r['backend']}, {reps}, {float(r['images_per_sec']):.1f} img/s")
     lines += ["<details><summary>Run files</summary>", ""] + files + ["", "</details>", ""]
     return "\n".join(lines)
 
@@ -749,6 +753,7 @@ def plot_job(summary: JobSummary) -> dict[str, bytes]:
             drawn = True
     ax.axhline(100, linestyle="--", color="gray", label="ideal (100%)")
     if not drawn:
+        ax.set_xlim(min(sizes) / 1.5, max(sizes) * 1.5)
         ax.text(0.5, 0.5, f"no 1-replica baseline: efficiency {NA}", transform=ax.transAxes, ha="center")
     _setup_x(ax, sizes)
     ax.set_ylim(0, max([110.0] + [100 * r.efficiency * 1.05 for r in s.rows if r.efficiency is not None]))
@@ -864,6 +869,13 @@ def format_model(summary: JobSummary, benches: Sequence[Mapping[str, Any]]) -> s
 # ----------------------------------------------------------------------------------------------------------
 # writing
 # ----------------------------------------------------------------------------------------------------------
+def _umask() -> int:
+    """The process umask (reading it means setting it, so it is set straight back)."""
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
 def write_atomic(path: Path, data: bytes | str) -> Path:
     """Write to a hidden temp file in the same directory, then rename: readers see all or nothing."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
@@ -1007,8 +1019,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current

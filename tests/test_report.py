@@ -358,6 +358,14 @@ def test_cli_subprocess_does_not_import_tensorflow(results: Path, tmp_path: Path
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
+    # the real entry point end to end (module run as __main__), writing every file
+    out = tmp_path / "cli-out"
+    proc = subprocess.run([sys.executable, "-m", "common.report", str(results), "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "| native | 1 | 1 | 3 | 110.0 |" in proc.stdout and f"wrote {out / 'report.md'}" in proc.stdout
+    assert (out / f"throughput_{JOB_A.job_hash}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
 
 def test_median_helper_matches_statistics() -> None:
     vals = [3.0, 1.0, 2.0, 10.0]
