@@ -25,12 +25,13 @@ import re
 import shlex
 import statistics
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from common.results import write_atomic
 
 SCHEMA = 1  # the results-JSON schema this report understands (common.results.SCHEMA)
 BACKEND_ORDER = ("native", "horovod")  # table order; the ratio is horovod / native
@@ -867,32 +868,8 @@ def format_model(summary: JobSummary, benches: Sequence[Mapping[str, Any]]) -> s
 
 
 # ----------------------------------------------------------------------------------------------------------
-# writing
+# writing (common.results.write_atomic: temp file + fsync + rename)
 # ----------------------------------------------------------------------------------------------------------
-def _umask() -> int:
-    """The process umask (reading it means setting it, so it is set straight back)."""
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def write_atomic(path: Path, data: bytes | str) -> Path:
-    """Write to a hidden temp file in the same directory, then rename: readers see all or nothing."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared like any file
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 @dataclass
 class Report:
     """What write_report produced: the summaries shown and the files written."""

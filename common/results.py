@@ -90,15 +90,15 @@ def result_filename(rec: dict[str, Any]) -> str:
     return f"{rec['backend']}-{rec['mode']}-n{rec['world_size']}-{rec['job_hash']}-{rec['run_id']}.json"
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> Path:
+def write_atomic(path: Path, data: bytes | str) -> Path:
     """Write to a hidden temp file in the same directory, fsync, then rename: readers see all or nothing."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared like any file
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -106,6 +106,10 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> Path:
+    return write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def check_results_dir(path: str | os.PathLike[str]) -> Path:
