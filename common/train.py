@@ -77,10 +77,11 @@ def build_optimizer(job: Job, lr: float) -> Any:
     return legacy.Adam(learning_rate=lr)
 
 
-def weights_digest(model: Any) -> str:
+def weights_digest(model: Any, trainable_only: bool = False) -> str:
+    """sha256 of the weights' bytes (all of them, or only the trainable ones)."""
     h = hashlib.sha256()
-    for w in model.get_weights():
-        h.update(w.tobytes())
+    for w in (model.trainable_weights if trainable_only else model.weights):
+        h.update(w.numpy().tobytes())
     return h.hexdigest()
 
 
@@ -325,6 +326,7 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> dict[str, Any] | None
         "losses": hooks.losses,
         "time_to_first_step": (hooks.first_step_done or time.time()) - opts.t_process_start,
         "final_digest": weights_digest(model),
+        "trainable_digest": weights_digest(model, trainable_only=True),
     }
     # Every rank must take part in this collective, chief or not.
     everyone = backend.allgather(mine)
@@ -380,7 +382,11 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> dict[str, Any] | None
         "gradient_bytes": n_params * (2 if backend.describe().get("compression") == "fp16" else 4),
         "initial_weights_digest": init_digest,
         "weights_digest": everyone[0]["final_digest"],
-        "weights_consistent": len({r["final_digest"] for r in everyone}) == 1,
+        # The replicas trained in lockstep: identical trainable weights on every rank.
+        "weights_consistent": len({r["trainable_digest"] for r in everyone}) == 1,
+        # Non-trainable state too (BatchNorm moving statistics: MWMS syncs them on read, Horovod keeps them per
+        # rank, as in Horovod's own examples; rank 0's are the ones saved and digested).
+        "all_weights_consistent": len({r["final_digest"] for r in everyone}) == 1,
     }
     if opts.verbose:
         print(f"[twinbench] {record['images_per_sec']:.1f} images/s over {stats['step_time']['timed_steps']} timed "
