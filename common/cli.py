@@ -100,9 +100,9 @@ def prepare(prog: str, args: argparse.Namespace) -> Job:
         meta = rel.read_meta(Path(args.resume_from))
         if meta is None:
             fail(prog, f"--resume-from {args.resume_from!r} holds no complete checkpoint (no readable meta.json)")
-        if meta.get("job_hash") != job.job_hash:
-            fail(prog, f"--resume-from {args.resume_from!r} belongs to job {meta.get('job_name')!r} "
-                       f"({meta.get('job_hash')}), not {job.name!r} ({job.job_hash}); pass the matching job file")
+        reason = rel.check_resume(meta, job.job_hash, job.name, None, Path(args.resume_from))
+        if reason:  # the world size is checked once the backend knows it (common.train)
+            fail(prog, reason)
     return job
 
 

@@ -150,12 +150,13 @@ def read_meta(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def check_resume(meta: dict[str, Any], job_hash: str, job_name: str, world_size: int, where: Path) -> str | None:
-    """A one-line reason why ``meta`` cannot resume this run, or None."""
+def check_resume(meta: dict[str, Any], job_hash: str, job_name: str, world_size: int | None,
+                 where: Path) -> str | None:
+    """A one-line reason why ``meta`` cannot resume this run, or None (``world_size`` None: not known yet)."""
     if meta.get("job_hash") != job_hash:
         return (f"checkpoint {str(where)!r} belongs to job {meta.get('job_name')!r} ({meta.get('job_hash')}), not "
                 f"{job_name!r} ({job_hash}); use another --results dir or the matching job file")
-    if meta.get("world_size") != world_size:
+    if world_size is not None and meta.get("world_size") != world_size:
         return (f"checkpoint {str(where)!r} was written with {meta.get('world_size')} replicas, this run has "
                 f"{world_size}: resuming would change the global batch; relaunch with {meta.get('world_size')} "
                 "or use another --results dir")

@@ -98,3 +98,13 @@ def free_port_pair() -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+def env_with_broken_horovod(tmp_path: Path, why: str) -> dict[str, str]:
+    """An environment where `import horovod` raises ImportError(why) (a shadowing package first on the path)."""
+    fake = tmp_path / "horovod"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(f"raise ImportError({why!r})\n")
+    env = base_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{REPO}"
+    return env

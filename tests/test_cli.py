@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, base_env
+from tests.conftest import REPO, base_env, env_with_broken_horovod
 
 
 def _bad_toml(tmp):
@@ -150,11 +150,7 @@ def test_help_exits_0():
 
 
 def test_horovod_not_importable(tmp_path):
-    fake = tmp_path / "horovod"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("raise ImportError('built without TensorFlow support')\n")
-    env = base_env()
-    env["PYTHONPATH"] = f"{tmp_path}:{REPO}"
+    env = env_with_broken_horovod(tmp_path, "built without TensorFlow support")
     proc = subprocess.run([sys.executable, "-m", "backends.horovod", "--results", str(tmp_path / "r")], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2

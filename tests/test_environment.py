@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import REPO, base_env
+from tests.conftest import REPO, base_env, env_with_broken_horovod
 
 
 def _requirements() -> dict[str, str]:
@@ -67,11 +67,7 @@ def test_doctor_reports_both_backends_ok():
 
 
 def test_doctor_fails_when_horovod_is_missing(tmp_path):
-    fake = tmp_path / "horovod"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("raise ImportError('horovod was not built')\n")
-    env = base_env()
-    env["PYTHONPATH"] = f"{tmp_path}:{REPO}"
+    env = env_with_broken_horovod(tmp_path, "horovod was not built")
     proc = subprocess.run([sys.executable, "-m", "common.doctor"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1
