@@ -87,6 +87,14 @@ class Backend(abc.ABC):
     def barrier(self) -> None:
         self.allgather(None)
 
+    def exit_barrier(self) -> None:
+        """Return once every rank is past its last collective, so that exiting cannot break a peer's (no-op here).
+
+        Called after the last collective on every exit path (done, preempted); errors are not failures: the
+        work is finished, only the courtesy to peers is at stake.
+        """
+        return None
+
     def shutdown(self) -> None:
-        """Release communication resources before exit."""
+        """Release communication resources before exit (after ``exit_barrier``)."""
         return None

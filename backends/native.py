@@ -28,6 +28,7 @@ from common.reliability import EXIT_PREEMPTED  # noqa: E402
 PROG = "backends.native"
 STRATEGIES = ("mwms", "mirrored", "one_device")
 COMMS = ("auto", "ring", "nccl")
+EXIT_BARRIER_MS = 30_000  # ms to wait for peers at exit: they are all past their last collective within a second
 
 
 def parser() -> argparse.ArgumentParser:
@@ -198,6 +199,21 @@ class NativeBackend(Backend):
         padded[: payload.size] = payload
         rows = self._sum_rows(padded)
         return [json.loads(bytes(rows[i, : lengths[i]].astype(np.uint8)).decode()) for i in range(self.num_workers)]
+
+    def exit_barrier(self) -> None:
+        # TF's collectives are pull-based (a worker fetches its peer's chunks with RecvBuf RPCs): a worker that has
+        # finished the last collective and exits at once closes the socket a slower peer is still pulling from, and
+        # that peer's collective fails ("Socket closed"). Meeting at a coordination-service barrier first means
+        # everyone is past the last collective; the barrier itself moves no tensor data.
+        if self.num_workers == 1:
+            return
+        from tensorflow.python.eager import context
+
+        try:
+            context.context().wait_at_barrier("twinbench_exit", EXIT_BARRIER_MS)
+        except Exception as e:  # noqa: BLE001 - a peer already gone after its own barrier: nothing left to protect
+            print(f"[{PROG}] rank {self.rank}: exit barrier not met ({type(e).__name__}); exiting anyway",
+                  file=sys.stderr, flush=True)
 
     def allreduce_fn(self) -> Any:
         import tensorflow as tf

@@ -147,6 +147,7 @@ def run_training(prog: str, backend: Any, job: Job, args: argparse.Namespace, t0
 
         run_allreduce(backend, args.size_list, args.iters, args.warmup_iters, args.results, command_line(),
                       verbose=not args.quiet and backend.is_chief)
+        backend.exit_barrier()
         backend.shutdown()
         return 0
     opts = RunOptions(
@@ -162,6 +163,7 @@ def run_training(prog: str, backend: Any, job: Job, args: argparse.Namespace, t0
     except Preempted as e:
         if backend.is_chief:
             print(f"[twinbench] preempted: {e}", file=sys.stderr, flush=True)
+        backend.exit_barrier()  # os._exit is instant: without it a peer still in the last collective fails
         sys.stdout.flush()
         os._exit(rel.EXIT_PREEMPTED)  # skip TF/Horovod teardown: the checkpoint is safe, exit promptly
     except Exception as e:  # noqa: BLE001 - a failed collective: name the lost peer if there is one
@@ -176,5 +178,6 @@ def run_training(prog: str, backend: Any, job: Job, args: argparse.Namespace, t0
               f"({type(e).__name__}: {first})", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(rel.EXIT_PEER_LOST)
+    backend.exit_barrier()
     backend.shutdown()
     return 0
