@@ -87,6 +87,13 @@ class Backend(abc.ABC):
     def barrier(self) -> None:
         self.allgather(None)
 
+    def sync_model_state(self, model: Any) -> None:
+        """Make non-trainable state (BatchNorm moving statistics) what MWMS reads: the mean over replicas.
+
+        A collective: all ranks call it, after the last step and before checkpointing or digesting weights.
+        """
+        return None
+
     def exit_barrier(self) -> None:
         """Return once every rank is past its last collective, so that exiting cannot break a peer's (no-op here).
 

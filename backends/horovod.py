@@ -96,7 +96,23 @@ class HorovodBackend(Backend):
 
     def fit_callbacks(self, job: Any, steps_per_epoch: int, learning_rate: float, fresh: bool = True) -> list[Any]:
         hvd, tf = self.hvd, self.tf
-        cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+        backend = self
+
+        class BroadcastOptimizerState(tf.keras.callbacks.Callback):
+            """Rank 0's optimizer state after the first step, as ``after_first_step`` does in the custom loop.
+
+            Not Horovod's BroadcastGlobalVariablesCallback: it would also copy rank 0's BatchNorm moving statistics
+            over the others' after step 1, which MWMS never does (the model itself was broadcast before step 1).
+            """
+
+            done = False
+
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if not self.done:
+                    backend.after_first_step(self.model, self.model.optimizer)
+                    self.done = True
+
+        cbs = [BroadcastOptimizerState(), hvd.callbacks.MetricAverageCallback()]
         if job.warmup_epochs and fresh:
             warm = hvd.callbacks.LearningRateWarmupCallback(
                 initial_lr=learning_rate, warmup_epochs=job.warmup_epochs, momentum_correction=False,
@@ -122,6 +138,18 @@ class HorovodBackend(Backend):
     def after_first_step(self, model: Any, optimizer: Any) -> None:
         # Optimizer slots exist only after the first apply_gradients.
         self.htf.broadcast_variables(optimizer.variables(), root_rank=0)
+
+    def sync_model_state(self, model: Any) -> None:
+        # Each rank updated its BatchNorm moving statistics from its own batches (as every MWMS replica does).
+        # MWMS stores them ON_READ with MEAN aggregation, so what it saves and evaluates is the mean over replicas;
+        # the update is linear (m <- m*momentum + (1-momentum)*batch_stat), so averaging the per-rank values once
+        # here gives exactly that, and a run resumed from averaged values ends on the same mean.
+        state = [v for v in model.non_trainable_variables if v.dtype.is_floating]
+        if self.num_workers == 1 or not state:
+            return
+        averaged = self.htf.grouped_allreduce([v.value() for v in state], op=self.htf.Average)
+        for v, a in zip(state, averaged):
+            v.assign(a)
 
     @property
     def writes_checkpoint(self) -> bool:

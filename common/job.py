@@ -22,7 +22,7 @@ class JobError(ValueError):
     """A job file or override is invalid; the message is one line meant for the user."""
 
 
-BUILTIN_MODELS = ("mlp", "small_cnn", "resnet56")
+BUILTIN_MODELS = ("mlp", "small_cnn", "resnet20", "resnet56")
 DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "image_folder")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MODES = ("fit", "ctl")

@@ -31,6 +31,7 @@ _KERNEL_REGULARIZERS = {"kernel": "kernel_regularizer", "depthwise_kernel": "dep
                         "pointwise_kernel": "pointwise_regularizer"}
 # ResNet-56 = 6n + 2 layers with n = 9 basic blocks per stage (He et al. 2016, section 4.2).
 _RESNET56_BLOCKS = 9
+_RESNET20_BLOCKS = 3  # the smallest of He et al.'s CIFAR ResNets (6n+2 layers, n=3): a quick BatchNorm model
 # Filters of the three stages of the CIFAR ResNets (feature maps 32x32, 16x16, 8x8 on CIFAR).
 _RESNET_FILTERS = (16, 32, 64)
 # BatchNorm as in the reference CIFAR implementations (torch defaults), rather than Keras' 0.99 / 1e-3.
@@ -72,6 +73,8 @@ def build_model(job: Job, input_shape: tuple[int, int, int], num_classes: int) -
             model = _small_cnn(tf, input_shape, num_classes, reg)
         elif job.model == "resnet56":
             model = _cifar_resnet(tf, _RESNET56_BLOCKS, input_shape, num_classes, reg, name="resnet56")
+        elif job.model == "resnet20":
+            model = _cifar_resnet(tf, _RESNET20_BLOCKS, input_shape, num_classes, reg, name="resnet20")
         else:
             model = _application(tf, job.model, input_shape, num_classes, job.weight_decay)
     except ModelError:

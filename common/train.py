@@ -319,6 +319,8 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> dict[str, Any] | None
     else:
         _custom_loop(job, backend, model, optimizer, dataset, hooks, gb, lr, spe, replicas, verbose)
 
+    # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
+    backend.sync_model_state(model)
     mine = {
         "host": res.hostname(),
         "device": backend.describe().get("device", "cpu"),
@@ -382,10 +384,11 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> dict[str, Any] | None
         "gradient_bytes": n_params * (2 if backend.describe().get("compression") == "fp16" else 4),
         "initial_weights_digest": init_digest,
         "weights_digest": everyone[0]["final_digest"],
+        "trainable_weights_digest": everyone[0]["trainable_digest"],  # without BatchNorm statistics
         # The replicas trained in lockstep: identical trainable weights on every rank.
         "weights_consistent": len({r["trainable_digest"] for r in everyone}) == 1,
-        # Non-trainable state too (BatchNorm moving statistics: MWMS syncs them on read, Horovod keeps them per
-        # rank, as in Horovod's own examples; rank 0's are the ones saved and digested).
+        # Non-trainable state too (BatchNorm moving statistics: MWMS reads them as the mean over replicas, Horovod
+        # ranks keep their own until backend.sync_model_state averages them after the last step).
         "all_weights_consistent": len({r["final_digest"] for r in everyone}) == 1,
     }
     if opts.verbose:

@@ -35,7 +35,7 @@ def mixed_precision():
 
 
 def test_model_names():
-    assert models.model_names() == ["mlp", "small_cnn", "resnet56"]
+    assert models.model_names() == ["mlp", "small_cnn", "resnet20", "resnet56"]
 
 
 def test_mlp_shape_params_and_logits():
@@ -57,6 +57,15 @@ def test_small_cnn_is_the_tutorial_cnn():
     # 28 -> conv 26 -> pool 13 -> conv 11 -> pool 5: 5*5*64 features into Dense 64
     assert model.count_params() == (9 * 32 + 32) + (9 * 32 * 64 + 64) + (1600 * 64 + 64) + (64 * 10 + 10)
     assert model(np.zeros((2, 28, 28, 1), np.float32)).shape == (2, 10)
+
+
+def test_resnet20_architecture():
+    model = build(model="resnet20", image_shape=(32, 32, 3))
+    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    assert 0.26e6 < trainable < 0.28e6  # He et al. 2016, table 6: 0.27M
+    convs = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.Conv2D)]
+    dense = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.Dense)]
+    assert len(convs) + len(dense) == 20  # 6n + 2 weighted layers, n = 3
 
 
 def test_resnet56_architecture():
