@@ -7,8 +7,19 @@ PY=.venv/bin/python
 JOB=${JOB:-jobs/smoke.toml}
 OUT=${OUT:-demo-results}
 MODE=${MODE:-fit}
+STEPS=${STEPS:-200}  # smoke.toml's 12 steps test correctness; 200 (10 untimed) give the timing something to average
+REPEATS=${REPEATS:-3}  # runs per backend x world size: three is the fewest that gives the report an interval
 export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/.venv/bin:$PATH"
+for v in REPEATS STEPS; do
+  case ${!v} in ''|*[!0-9]*|0) echo "demo: $v must be a positive integer, got '${!v}'" >&2; exit 2 ;; esac
+done
+if ((STEPS <= 10)); then echo "demo: STEPS must exceed the 10 untimed warm-up steps, got $STEPS" >&2; exit 2; fi
 mkdir -p "$OUT/logs"
+# One demo is one comparison: results of an earlier demo are moved aside (kept, not read by the report).
+if compgen -G "$OUT/*.json" > /dev/null; then
+  prev="$OUT/previous/$(date -u +%Y%m%dT%H%M%SZ)"
+  mkdir -p "$prev" && mv "$OUT"/*.json "$prev"/ && echo "earlier demo results moved to $prev/"
+fi
 run() {
   local name=$1; shift
   printf '%-34s' "$name"
@@ -19,12 +30,24 @@ run() {
     echo "FAILED, see $OUT/logs/$name.log:"; tail -20 "$OUT/logs/$name.log"; exit 1
   fi
 }
-COMMON=(--job "$JOB" --set mode="$MODE" --results "$OUT")
-echo "twinbench demo: $JOB, mode $MODE, results in $OUT/ (one run at a time: concurrent runs would measure each other)"
-run native-1 $PY -m backends.native "${COMMON[@]}"
-run native-2 $PY -m backends.native --nproc 2 "${COMMON[@]}"
-run horovod-1 horovodrun -np 1 -H localhost:1 --gloo $PY -m backends.horovod "${COMMON[@]}"
-run horovod-2 horovodrun -np 2 -H localhost:2 --gloo $PY -m backends.horovod "${COMMON[@]}"
+COMMON=(--job "$JOB" --set mode="$MODE" --set steps="$STEPS" --set timing_warmup_steps=10 --results "$OUT")
+echo "twinbench demo: $JOB, mode $MODE, $STEPS steps, $REPEATS repeat(s), results in $OUT/ (one run at a time: concurrent runs would measure each other)"
+cell() {
+  case $1 in
+    native-1) run "$1$2" $PY -m backends.native "${COMMON[@]}" ;;
+    native-2) run "$1$2" $PY -m backends.native --nproc 2 "${COMMON[@]}" ;;
+    horovod-1) run "$1$2" horovodrun -np 1 -H localhost:1 --gloo $PY -m backends.horovod "${COMMON[@]}" ;;
+    horovod-2) run "$1$2" horovodrun -np 2 -H localhost:2 --gloo $PY -m backends.horovod "${COMMON[@]}" ;;
+  esac
+}
+# Repeats give the report its 95% intervals; cells are interleaved, in reverse order every other repeat, so that a
+# drift of the machine (another job, thermal) hits both backends alike instead of one backend's block of runs.
+CELLS=(native-1 horovod-1 native-2 horovod-2)
+for ((r = 1; r <= REPEATS; r++)); do
+  order=("${CELLS[@]}")
+  if ((r % 2 == 0)); then order=(horovod-2 native-2 horovod-1 native-1); fi
+  for c in "${order[@]}"; do cell "$c" "$( ((REPEATS > 1)) && echo "-r$r" || true)"; done
+done
 # allreduce microbenchmark at 2 ranks (small sizes on a CPU): feeds the report's scaling model
 BENCH=(--bench allreduce --sizes "${SIZES:-4K,64K,1M,4M}" --iters 10 --results "$OUT")
 run allreduce-native-2 $PY -m backends.native --nproc 2 "${BENCH[@]}"

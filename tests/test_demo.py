@@ -15,18 +15,32 @@ pytestmark = pytest.mark.distributed
 def test_demo_compares_both_backends_and_reports(tmp_path):
     env = base_env()
     env["OUT"] = str(tmp_path / "demo")
+    env["REPEATS"] = "2"  # the repeat path (intervals) at the lowest cost; the default is 3
+    env["STEPS"] = "40"
     proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = [json.loads(p.read_text()) for p in (tmp_path / "demo").glob("*.json")]
     train = sorted((r["backend"], r["world_size"]) for r in runs if r["kind"] == "train")
-    assert train == [("horovod", 1), ("horovod", 2), ("native", 1), ("native", 2)]
+    assert train == [("horovod", 1), ("horovod", 1), ("horovod", 2), ("horovod", 2),
+                     ("native", 1), ("native", 1), ("native", 2), ("native", 2)]
+    assert {r["steps"] for r in runs if r["kind"] == "train"} == {40}
     assert len({r["job_hash"] for r in runs if r["kind"] == "train"}) == 1
     assert sorted(r["backend"] for r in runs if r["kind"] == "allreduce") == ["horovod", "native"]
     # the printed table has a row per backend x world size, and the report names its plots
     for backend in ("native", "horovod"):
         for ws in (1, 2):
-            assert f"| {backend} | {ws} | {ws} | 1 |" in proc.stdout
+            row = next(ln for ln in proc.stdout.splitlines() if ln.startswith(f"| {backend} | {ws} | {ws} | 2 |"))
+            assert "no interval" not in row  # two repeats give a 95% interval
     md = (tmp_path / "demo" / "report" / "report.md").read_text()
     assert "## Scaling model" in md and "MODEL, not measured" in md
     assert (tmp_path / "demo" / "report" / "allreduce_busbw.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("var,value", [("REPEATS", "0"), ("REPEATS", "x"), ("STEPS", "5")])
+def test_demo_refuses_bad_settings(tmp_path, var, value):
+    env = base_env()
+    env.update(OUT=str(tmp_path / "demo"), **{var: value})
+    proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and var in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "demo").exists()
