@@ -1,8 +1,10 @@
 """Overhead benchmark: twinbench's throughput against minimal hand-written loops (custom loop, 2 workers).
 
-``python -m bench.overhead [--repeats 5] [--steps 300]``: interleaves twinbench runs (``--set mode=ctl``) with
-bench/plain_loops.py runs of the same model, data, batch and steps, for each backend, and prints the median
-throughput ratio twinbench / plain (target >= 0.98). A benchmark that prints figures, not a test.
+``python -m bench.overhead [--repeats 5] [--steps 300] [--job FILE] [--set key=value ...]``: interleaves twinbench
+runs (``--set mode=ctl``) with bench/plain_loops.py runs of the same model, optimizer, batch and steps, for each
+backend, and prints the median throughput ratio twinbench / plain (target >= 0.98). A benchmark that prints figures,
+not a test. The default job (smoke: a 2 ms MLP step) is the worst case for fixed per-step costs; for example
+``--set model=small_cnn --set per_replica_batch_size=64`` measures a step that does real work.
 """
 
 from __future__ import annotations
@@ -29,9 +31,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def twinbench(kind: str, steps: int, warm: int) -> float:
+def _job_args(job: str, sets: list[str]) -> list[str]:
+    return ["--job", job, *(x for s in sets for x in ("--set", s))]
+
+
+def twinbench(kind: str, steps: int, warm: int, job: str, sets: list[str]) -> float:
     with tempfile.TemporaryDirectory() as out:
-        body = ["-m", f"backends.{kind}", "--job", "jobs/smoke.toml", "--set", "mode=ctl", "--set", f"steps={steps}",
+        body = ["-m", f"backends.{kind}", *_job_args(job, sets), "--set", "mode=ctl", "--set", f"steps={steps}",
                 "--set", f"timing_warmup_steps={warm}", "--results", out, "--quiet"]
         cmd = [PY, *body, "--nproc", "2"] if kind == "native" else \
             [HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *body]
@@ -40,8 +46,8 @@ def twinbench(kind: str, steps: int, warm: int) -> float:
         return rec["images_per_sec"]
 
 
-def plain(kind: str, steps: int, warm: int) -> float:
-    args = ["-m", "bench.plain_loops", kind, str(steps), "16", str(warm)]
+def plain(kind: str, steps: int, warm: int, job: str, sets: list[str]) -> float:
+    args = ["-m", "bench.plain_loops", kind, str(steps), str(warm), *_job_args(job, sets)]
     if kind == "horovod":
         proc = subprocess.run([HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *args], cwd=REPO, env=_env(),
                               check=True, capture_output=True, text=True)
@@ -70,14 +76,17 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5, help="interleaved pairs per backend (default 5)")
     p.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
     p.add_argument("--warmup", type=int, default=20, help="untimed first steps (default 20)")
+    p.add_argument("--job", default="jobs/smoke.toml", help="job file (default jobs/smoke.toml)")
+    p.add_argument("--set", action="append", default=[], dest="sets", help="job override key=value (repeatable)")
     a = p.parse_args()
+    print(f"job {a.job} {' '.join(a.sets)}, {a.steps} steps ({a.warmup} untimed), custom loop, 2 workers", flush=True)
     for kind in ("native", "horovod"):
         ratios = []
         for i in range(a.repeats):
             # interleaved, alternating which goes first: drifts of the machine hit both sides alike
             first, second = (twinbench, plain) if i % 2 == 0 else (plain, twinbench)
-            r1 = first(kind, a.steps, a.warmup)
-            r2 = second(kind, a.steps, a.warmup)
+            r1 = first(kind, a.steps, a.warmup, a.job, a.sets)
+            r2 = second(kind, a.steps, a.warmup, a.job, a.sets)
             tb, pl = (r1, r2) if first is twinbench else (r2, r1)
             ratios.append(tb / pl)
             print(f"{kind} repeat {i + 1}: twinbench {tb:9.1f} img/s, plain {pl:9.1f} img/s, ratio {tb / pl:.3f}",

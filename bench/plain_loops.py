@@ -1,14 +1,16 @@
 """Minimal hand-written data-parallel loops, the baseline twinbench's overhead is measured against.
 
-``python -m bench.plain_loops native|horovod STEPS PER_REPLICA_BATCH WARMUP``: the smoke job's MLP on the same
-synthetic data, the IDRIS-page MWMS custom loop (native, TF_CONFIG) or a plain Horovod DistributedGradientTape
-loop (under horovodrun). No per-step host sync, no recording: what a user would write. Each rank prints one JSON
-line with its wall time over the timed steps. ``PLAIN_SYNC=1`` reads the loss after every step, as twinbench must
-to time each step: the difference between the two is the price of per-step timing.
+``python -m bench.plain_loops native|horovod STEPS WARMUP [--job FILE] [--set key=value ...]``: the job's model,
+optimizer, LR and per-replica batch (built with twinbench's own model/optimizer factories, which are not overhead)
+on in-memory synthetic data of the job's shape, trained by the IDRIS-page MWMS custom loop (native, TF_CONFIG) or a
+plain Horovod DistributedGradientTape loop (under horovodrun). No per-step host sync, no recording: what a user would
+write. Each rank prints one JSON line with its wall time over the timed steps. ``PLAIN_SYNC=1`` reads the loss after
+every step, as twinbench must to time each step: the difference between the two is the price of per-step timing.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -18,14 +20,23 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
 def main() -> int:
-    kind, steps, b, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("kind", choices=("native", "horovod"))
+    p.add_argument("steps", type=int)
+    p.add_argument("warmup", type=int)
+    p.add_argument("--job", default="jobs/smoke.toml")
+    p.add_argument("--set", action="append", default=[], dest="sets")
+    a = p.parse_args()
+    from common.job import load_job
+
+    job = load_job(a.job, a.sets)
+    kind, steps, warm, b = a.kind, a.steps, a.warmup, job.per_replica_batch_size
     import tensorflow as tf
 
-    # the same thread budget twinbench gives each rank (common.train.configure_threads), set before the runtime
-    local = 2
-    threads = max(1, len(os.sched_getaffinity(0)) // local)
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    from common.models import build_model
+    from common.train import build_optimizer, configure_threads
+
+    configure_threads(2, 0)  # the thread budget twinbench gives each of 2 local ranks, before the runtime starts
     if kind == "horovod":
         import horovod.tensorflow as hvd
 
@@ -35,21 +46,19 @@ def main() -> int:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()  # before any other op, from TF_CONFIG
         rank = strategy.cluster_resolver.task_id or 0
         size = strategy.num_replicas_in_sync
-    tf.keras.utils.set_random_seed(1234)
+    tf.keras.utils.set_random_seed(job.seed)
     gb = b * size
-    rng = tf.random.Generator.from_seed(1)
-    x = rng.uniform([1024, 28, 28, 1])
-    y = tf.cast(tf.math.floormod(tf.range(1024), 10), tf.int32)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024, seed=1234)
-
-    def build() -> tf.keras.Model:
-        return tf.keras.Sequential([tf.keras.layers.Flatten(input_shape=(28, 28, 1)),
-                                    tf.keras.layers.Dense(64, activation="relu"), tf.keras.layers.Dense(10)])
-
+    lr = job.scaled_learning_rate(size)
+    shape = tuple(job.image_shape)
+    n = max(1024, 4 * gb)
+    x = tf.random.Generator.from_seed(1).uniform([n, *shape])
+    y = tf.cast(tf.math.floormod(tf.range(n), job.num_classes), tf.int32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=job.seed)
     loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
     if kind == "horovod":
-        model = build()
-        opt = tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9)
+        model = build_model(job, shape, job.num_classes)
+        opt = build_optimizer(job, lr)
         it = iter(ds.shard(size, rank).batch(b, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE))
 
         @tf.function
@@ -67,8 +76,8 @@ def main() -> int:
         hvd.broadcast_variables(opt.variables(), 0)
     else:
         with strategy.scope():
-            model = build()
-            opt = tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9)
+            model = build_model(job, shape, job.num_classes)
+            opt = build_optimizer(job, lr)
         it = iter(strategy.experimental_distribute_dataset(
             ds.batch(gb, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)))
 
@@ -84,17 +93,21 @@ def main() -> int:
             return strategy.run(step_fn, args=next(it))
 
         step()
+
+    def value(t: tf.Tensor) -> float:
+        return float(t if kind == "horovod" else strategy.experimental_local_results(t)[0])
+
     for _ in range(warm - 1):
         step()
-    float(tf.reduce_sum(strategy.experimental_local_results(step())) if kind != "horovod" else step())
+    value(step())
     t0 = time.perf_counter()
     last = None
     sync = os.environ.get("PLAIN_SYNC") == "1"
     for _ in range(steps - warm):
         last = step()
         if sync:
-            float(last if kind == "horovod" else strategy.experimental_local_results(last)[0])
-    float(last if kind == "horovod" else strategy.experimental_local_results(last)[0])  # wait for the end
+            value(last)
+    value(last)  # wait for the end
     wall = time.perf_counter() - t0
     print(json.dumps({"rank": rank, "wall": wall, "timed_steps": steps - warm, "global_batch": gb}), flush=True)
     return 0
