@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,11 +127,12 @@ def _twin_model_class() -> Any:
         """Keras' own train step, plus ``step_loss``: this replica's mean loss of this step (not a running mean)."""
 
         local_replicas = 1
+        xla_forward = None  # a holder (not tracked by Keras) whose .fn is the jit-compiled forward pass, or None
 
         def train_step(self, data: Any) -> dict[str, Any]:
             x, y = data
             with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
+                y_pred = self.xla_forward.fn(x) if self.xla_forward is not None else self(x, training=True)
                 loss = self.compute_loss(x, y, y_pred, None)
             self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
             logs = self.compute_metrics(x, y, y_pred, None)
@@ -271,10 +273,15 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> dict[str, Any] | None
             # step, on top of the metrics' own sync, and so shows N x the loss. "first" keeps the synced metric
             # values as they are and adds no collective that Horovod runs do not have.
             model.distribute_reduction_method = "first"
+            if job.xla:
+                # Not compile(jit_compile=True): that compiles the whole step, collectives included, which XLA
+                # cannot do on CPU (MWMS) and Horovod only with its optional XLA ops. As in the custom loop, the
+                # collective-free part (here the model's forward pass, and so its gradient) is compiled.
+                model.xla_forward = types.SimpleNamespace(
+                    fn=tf.function(lambda x: model(x, training=True), jit_compile=True))
             model.compile(
                 optimizer=optimizer,
                 loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                jit_compile=job.xla,
             )
         else:
             model = inner

@@ -96,3 +96,20 @@ def test_batchnorm_model_ends_with_the_same_weights_on_both_backends(runner, mod
     assert nat["weights_digest"] == hvd["weights_digest"], "BatchNorm moving statistics differ between backends"
     # The statistics are part of the digest (else the last check would repeat the trainable one).
     assert nat["weights_digest"] != nat["trainable_weights_digest"]
+
+
+@pytest.mark.parametrize("mode", ["fit", "ctl"])
+@pytest.mark.parametrize("option", ["mixed_precision", "xla"])
+def test_gpu_options_same_math_on_both_backends(runner, mode, option):
+    """Mixed precision (loss scaling) and XLA at 2 workers. XLA compiles the collective-free part only: a whole
+    compiled step (Keras' jit_compile) aborts MWMS on CPU and needs Horovod's optional XLA ops."""
+    extra = ("--set", f"mode={mode}", "--set", f"{option}=true")
+    nat = runner("native", *extra)
+    hvd = runner("horovod", *extra)
+    assert nat["job"][option] is True and nat["job_hash"] == hvd["job_hash"]
+    assert_same_losses(nat, hvd, f"{mode} {option}: native vs horovod")
+    assert nat["trainable_weights_digest"] == hvd["trainable_weights_digest"]
+    assert nat["step_losses"][-1] < nat["step_losses"][0]
+    # The option changed the computation (else this would repeat the plain parity test).
+    plain = runner("native", "--set", f"mode={mode}")
+    assert first_divergence(nat["step_losses"], plain["step_losses"], 0.0) is not None
