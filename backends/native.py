@@ -22,7 +22,7 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 from backends.base import Backend  # noqa: E402
-from common import cli  # noqa: E402
+from common import cli, slurm_layout  # noqa: E402
 from common.reliability import EXIT_PREEMPTED  # noqa: E402
 
 PROG = "backends.native"
@@ -143,9 +143,21 @@ class NativeBackend(Backend):
         most_tasks = max(int(p.split("(")[0]) for p in per_node.split(","))
         slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
             port_base=a.port_base, gpus_per_node=max(gpn, most_tasks, 1), gpus_per_task=1, auto_set_gpu=False)
+        spec = slurm.cluster_spec()
         self.cluster_source = "slurm"
+        # The resolver sorts hostnames as strings and packs tasks in block order; Slurm's own layout (checked by
+        # every task against its SLURMD_NODENAME/SLURM_LOCALID before TF started) wins when they differ, or
+        # ranks would listen where their peers do not look and the first collective would hang.
+        ours = slurm_layout.step_workers(a.port_base)
+        if spec.as_dict().get("worker") != ours:
+            if int(os.environ.get("SLURM_PROCID", "0")) == 0:
+                print(f"[{PROG}] note: SlurmClusterResolver's worker order {spec.as_dict().get('worker')} is not "
+                      f"Slurm's task layout ({slurm_layout.node_distribution(os.environ)} over the step's nodes); "
+                      f"using Slurm's: {ours}", file=sys.stderr, flush=True)
+            spec = tf.train.ClusterSpec({"worker": ours})
+            self.cluster_source = "slurm (twinbench layout)"
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
-            cluster_spec=slurm.cluster_spec(), task_type=slurm.task_type, task_id=slurm.task_id,
+            cluster_spec=spec, task_type="worker", task_id=int(os.environ.get("SLURM_PROCID", "0")),
             num_accelerators={"GPU": min(visible_gpus, 1)}, rpc_layer="grpc")
 
     def describe(self) -> dict[str, Any]:
@@ -357,7 +369,11 @@ def check_slurm_env(port_base: int) -> None:
     localid = cli.env_int("SLURM_LOCALID", default=0)
     if not 0 <= procid < ntasks:
         raise cli.UsageError(f"inconsistent Slurm environment: SLURM_PROCID={procid} with {ntasks} tasks")
-    port = port_base + localid  # SlurmClusterResolver gives the n-th task on a node port_base + n
+    try:
+        slurm_layout.step_workers(port_base)  # this task's place in the layout MWMS will be given
+    except slurm_layout.LayoutError as e:
+        raise cli.UsageError(str(e)) from None
+    port = port_base + localid  # the n-th task on a node listens on port_base + n
     with socket.socket() as s:
         # SO_REUSEADDR as gRPC binds: a port in TIME_WAIT from a previous run is free to use, not "in use".
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

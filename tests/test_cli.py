@@ -87,6 +87,9 @@ CASES = {
     "slurm-procid-out-of-range": (_slurm(SLURM_PROCID="5"), "SLURM_PROCID=5 with 2 tasks", NATIVE),
     "slurm-bad-ntasks": (_slurm(SLURM_STEP_NUM_TASKS="two"), "SLURM_STEP_NUM_TASKS='two' is not an integer", NATIVE),
     "slurm-batch-step": (_slurm(SLURM_STEP_NUM_TASKS=None), "not an srun step", NATIVE),
+    "slurm-layout-not-block": (_slurm(SLURM_STEP_NODELIST="n[1-2]", SLURM_STEP_TASKS_PER_NODE="1(x2)",
+                                      SLURM_PROCID="1", SLURM_LOCALID="1"), "srun --distribution=block", NATIVE),
+    "slurm-plane-distribution": (_slurm(SLURM_DISTRIBUTION="plane=2"), "'plane' is not supported", NATIVE),
     "port-out-of-range": ((lambda tmp: (["--port-base", "70000"], _slurm()(tmp)[1])), "out of range", NATIVE),
     "port-in-use": (_bound_port, "already in use", NATIVE),
 }

@@ -189,6 +189,17 @@ def test_srun_native_two_tasks(cluster, srun_native):
 
 
 @distributed
+def test_srun_native_cyclic_distribution(cluster, tmp_path):
+    """Slurm's real SLURM_DISTRIBUTION value is understood (one node: cyclic places tasks as block does)."""
+    cmd = ["srun", IMMEDIATE, "--kill-on-bad-exit=1", "-n", "2", "--distribution=cyclic"]
+    dist = cluster.run([*cmd, "printenv", "SLURM_DISTRIBUTION"]).stdout.split()
+    assert dist and all(d.startswith("cyclic") for d in dist), dist
+    cluster.run([*cmd, *backend("native", tmp_path, "--port-base", "12700")])
+    r = only_result(tmp_path)
+    assert r["world_size"] == 2 and r["backend_info"]["cluster_source"] == "slurm"
+
+
+@distributed
 def test_srun_horovod_pmix_two_tasks(cluster, srun_horovod):
     r = srun_horovod
     assert r["backend"] == "horovod" and r["world_size"] == 2 and r["num_workers"] == 2
