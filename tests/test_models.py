@@ -59,23 +59,16 @@ def test_small_cnn_is_the_tutorial_cnn():
     assert model(np.zeros((2, 28, 28, 1), np.float32)).shape == (2, 10)
 
 
-def test_resnet20_architecture():
-    model = build(model="resnet20", image_shape=(32, 32, 3))
+# He et al. 2016, table 6: ResNet-20 0.27M and ResNet-56 0.85M parameters; 6n + 2 weighted layers, n = 3 and 9.
+@pytest.mark.parametrize("name,layers,params", [("resnet20", 20, (0.26e6, 0.28e6)), ("resnet56", 56, (0.84e6, 0.87e6))])
+def test_cifar_resnet_architecture(name, layers, params):
+    model = build(model=name, image_shape=(32, 32, 3))
     trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    assert 0.26e6 < trainable < 0.28e6  # He et al. 2016, table 6: 0.27M
+    assert params[0] < trainable < params[1]
     convs = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.Conv2D)]
     dense = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.Dense)]
-    assert len(convs) + len(dense) == 20  # 6n + 2 weighted layers, n = 3
-
-
-def test_resnet56_architecture():
-    model = build(model="resnet56", image_shape=(32, 32, 3))
-    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    assert 0.84e6 < trainable < 0.87e6  # He et al. 2016, table 6: 0.85M
-    convs = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.Conv2D)]
-    dense = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.Dense)]
-    assert len(convs) + len(dense) == 56  # 6n + 2 weighted layers, n = 9
-    assert sum(isinstance(layer, tf.keras.layers.BatchNormalization) for layer in model.layers) == 55
+    assert len(convs) + len(dense) == layers
+    assert sum(isinstance(layer, tf.keras.layers.BatchNormalization) for layer in model.layers) == layers - 1
     assert sorted({c.filters for c in convs}) == [16, 32, 64]
     out = model(np.zeros((2, 32, 32, 3), np.float32), training=False)
     assert out.shape == (2, 10) and out.dtype == tf.float32
