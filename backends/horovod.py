@@ -143,7 +143,7 @@ class HorovodBackend(Backend):
         # Each rank updated its BatchNorm moving statistics from its own batches (as every MWMS replica does).
         # MWMS stores them ON_READ with MEAN aggregation, so what it saves and evaluates is the mean over replicas;
         # the update is linear (m <- m*momentum + (1-momentum)*batch_stat), so averaging the per-rank values once
-        # here gives exactly that, and a run resumed from averaged values ends on the same mean.
+        # here gives exactly that, and a run resumed from averaged values ends on the same mean (to rounding).
         state = [v for v in model.non_trainable_variables if v.dtype.is_floating]
         if self.num_workers == 1 or not state:
             return

@@ -147,7 +147,7 @@ class NativeBackend(Backend):
         self.cluster_source = "slurm"
         # The resolver sorts hostnames as strings and packs tasks in block order; Slurm's own layout (checked by
         # every task against its SLURMD_NODENAME/SLURM_LOCALID before TF started) wins when they differ, or
-        # ranks would listen where their peers do not look and the first collective would hang.
+        # ranks would be looked for at addresses where other ranks listen.
         ours = slurm_layout.step_workers(a.port_base)
         if spec.as_dict().get("worker") != ours:
             if int(os.environ.get("SLURM_PROCID", "0")) == 0:
