@@ -110,27 +110,25 @@ def backend(kind: str, results: Path, *extra: str) -> list[str]:
 
 
 # -- the session's runs (each once) --------------------------------------------------------------------------------
+def _srun_two_tasks(cluster, tmp_path_factory, name: str, srun_extra: list[str], kind: str,
+                    *extra: str) -> dict[str, Any]:
+    """srun -n 2, one GPU per task (--gres=gpu:2 --gpus-per-task=1), run once per session; its results record."""
+    def make():
+        out = tmp_path_factory.mktemp(name)
+        cluster.run(["srun", IMMEDIATE, "--kill-on-bad-exit=1", *srun_extra, "-n", "2", "--gres=gpu:2",
+                     "--gpus-per-task=1", *backend(kind, out, *extra)])
+        return only_result(out)
+    return cluster.once(name, make)
+
+
 @pytest.fixture(scope="session")
 def srun_native(cluster, tmp_path_factory):
-    """srun -n 2, one GPU per task (--gres=gpu:2 --gpus-per-task=1)."""
-    def make():
-        out = tmp_path_factory.mktemp("srun_native")
-        cluster.run(["srun", IMMEDIATE, "--kill-on-bad-exit=1", "-n", "2", "--gres=gpu:2", "--gpus-per-task=1",
-                     *backend("native", out, "--port-base", "12600")])
-        return only_result(out)
-    return cluster.once("srun_native", make)
+    return _srun_two_tasks(cluster, tmp_path_factory, "srun_native", [], "native", "--port-base", "12600")
 
 
 @pytest.fixture(scope="session")
 def srun_horovod(cluster, tmp_path_factory):
-    """srun --mpi=pmix -n 2, one GPU per task."""
-    def make():
-        out = tmp_path_factory.mktemp("srun_horovod")
-        cluster.run(["srun", IMMEDIATE, "--kill-on-bad-exit=1", "--mpi=pmix", "-n", "2", "--gres=gpu:2",
-                     "--gpus-per-task=1",
-                     *backend("horovod", out)])
-        return only_result(out)
-    return cluster.once("srun_horovod", make)
+    return _srun_two_tasks(cluster, tmp_path_factory, "srun_horovod", ["--mpi=pmix"], "horovod")
 
 
 @pytest.fixture(scope="session")
