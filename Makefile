@@ -1,22 +1,31 @@
 # twinbench: `make demo` runs the main job, `make test` runs the tests; both set everything up first.
+# TensorFlow 2.21 by default (requirements.txt); `make test-fallback` sets up and tests the TF 2.18 fallback.
 SHELL := /bin/bash
 PY := .venv/bin/python
 export TF_USE_LEGACY_KERAS := 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# The fallback: TensorFlow 2.18.1 + tf-keras 2.18.0 + the unpatched Horovod sdist (requirements-tf2.18.txt).
+FALLBACK_VENV := .venv-tf2.18
+FALLBACK_PY := $(FALLBACK_VENV)/bin/python
+FALLBACK_TESTS := tests/test_parity.py tests/test_backends.py
 
-.PHONY: setup demo test lint doctor clean
+.PHONY: setup demo test test-fallback lint doctor clean
 
 setup:  ## idempotent: Debian OpenMPI, .venv, TensorFlow, tf-keras, Horovod (wheel cached in ~/.cache/twinbench)
-	bash scripts/setup.sh
+	TWINBENCH_VENV=.venv bash scripts/setup.sh
 
 demo: setup  ## local CPU comparison of both backends at 1 and 2 workers on jobs/smoke.toml, then the report
 	bash scripts/demo.sh
 
 test:  ## set-up (with Debian's Slurm and munge for tests/test_slurm.py), then the whole test suite
-	TWINBENCH_WITH_SLURM=1 bash scripts/setup.sh
+	TWINBENCH_WITH_SLURM=1 TWINBENCH_VENV=.venv bash scripts/setup.sh
 	$(PY) -m ruff check .
 	$(PY) -m pytest -ra tests
+
+test-fallback:  ## the TF 2.18 fallback in .venv-tf2.18: set-up, then the parity and Horovod smoke tests
+	TWINBENCH_TF=2.18 TWINBENCH_VENV=$(FALLBACK_VENV) bash scripts/setup.sh
+	$(FALLBACK_PY) -m pytest -ra $(FALLBACK_TESTS)
 
 lint:
 	$(PY) -m ruff check .

@@ -1,27 +1,33 @@
-"""The one interface both backends implement; everything else (data, model, loop, measurement) is shared.
+"""The one contract both backends implement; everything else (data, model, loop, measurement) is shared.
 
-Methods are called by ``common.train`` in this order: ``setup`` (communication + device pinning, before any
-other TensorFlow op), ``scope`` (variable creation), ``make_dataset``, ``wrap_optimizer``, then per mode
-``fit_callbacks`` or ``run``/``wrap_tape``, and finally ``allgather`` to bring per-rank records to the chief.
+``common.train`` calls, in this order: ``setup`` (communication + device pinning, before any other TensorFlow op;
+returns the rank's frozen ``RankInfo``), ``scope`` (variable creation), ``wrap_optimizer``, ``restore`` (when
+resuming), ``make_dataset``, ``before_training``, then per mode ``fit_callbacks`` / ``fit_warmup`` or
+``run`` / ``wrap_tape``, and at the end ``sync_model_state`` and ``allgather``. What shared code needs to know of a
+backend is a declared member here (``info``, ``gradient_bytes``, ``fit_warmup``), never a key of ``describe()``.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import os
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 
-class Backend(abc.ABC):
-    name: str = "?"
-    rank: int = 0  # this process's index among num_workers
-    num_workers: int = 1  # processes taking part
-    local_rank: int = 0  # index among processes on this host (device pinning)
-    local_size: int = 1  # processes on this host (thread budget)
-    replicas_per_worker: int = 1  # model replicas driven by one process (>1 only for native mirrored)
-    watchdog: Any = None  # common.reliability.Watchdog once training has started with peers
-    writes_checkpoint: bool = True  # does this rank take part in writing a checkpoint (see common.train)
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process stands in the run; fixed once ``Backend.setup`` has connected it."""
+
+    rank: int  # this process's index among num_workers
+    num_workers: int  # processes taking part
+    local_rank: int  # index among processes on this host (device pinning)
+    local_size: int  # processes on this host (thread budget)
+    replicas_per_worker: int  # model replicas driven by one process (>1 only for native mirrored)
+    device: str  # what the results record, e.g. "cpu (CUDA_VISIBLE_DEVICES=1)" or "/physical_device:GPU:0"
+    threads: int  # intra-op threads of this process
 
     @property
     def num_replicas(self) -> int:
@@ -31,13 +37,67 @@ class Backend(abc.ABC):
     def is_chief(self) -> bool:
         return self.rank == 0
 
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What ``python -m common.doctor`` prints for one backend: can it run here, with what, and what is missing."""
+
+    ok: bool
+    status: str  # "ok" or "cannot run: <why>"
+    details: dict[str, Any]  # name -> value, one doctor line each
+    missing: list[str]  # install hints, one MISSING line each
+
+
+@dataclass(frozen=True)
+class BaseOptions:
+    """Runtime options every backend takes (the backend's own ``Options`` extend it)."""
+
+    threads: int = 0  # intra-op threads per process; 0 = cores / processes on this host
+
+
+class Backend(abc.ABC):
+    name: ClassVar[str] = "?"
+    _info: RankInfo | None = None
+
+    def setup(self) -> RankInfo:
+        """Initialise communication and pin devices (before any other TensorFlow op); returns this rank's place."""
+        self._info = self._connect()
+        return self._info
+
     @abc.abstractmethod
-    def setup(self) -> None:
-        """Initialise communication and pin devices; must run before any other TensorFlow op."""
+    def _connect(self) -> RankInfo:
+        """The backend's own set-up; see ``setup``."""
+
+    @property
+    def info(self) -> RankInfo:
+        if self._info is None:
+            raise RuntimeError(f"{self.name} backend used before setup()")
+        return self._info
+
+    # Shortcuts for the fields shared code reads most.
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self.info.num_workers
+
+    @property
+    def num_replicas(self) -> int:
+        return self.info.num_replicas
+
+    @property
+    def is_chief(self) -> bool:
+        return self.info.is_chief
 
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
-        """What the results JSON records about the backend (strategy, collectives, controller...)."""
+        """What the results JSON records about the backend (strategy, collectives or controller, threads...)."""
+
+    def gradient_bytes(self, trainable_params: int) -> int:
+        """Bytes one replica puts into the gradient allreduce per step (float32; a backend compressing says so)."""
+        return trainable_params * 4
 
     def scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
@@ -49,9 +109,13 @@ class Backend(abc.ABC):
     def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
         return optimizer
 
-    def fit_callbacks(self, job: Any, steps_per_epoch: int, learning_rate: float, fresh: bool = True) -> list[Any]:
-        """Backend callbacks for Keras fit; ``fresh`` is False when resuming mid-run."""
+    def fit_callbacks(self) -> list[Any]:
+        """Backend callbacks for Keras fit (state broadcast, metric averaging)."""
         return []
+
+    def fit_warmup(self, warmup_epochs: int, steps_per_epoch: int, learning_rate: float) -> Any | None:
+        """The backend's own LR warm-up callback for a run starting at step 0, or None: then twinbench's is used."""
+        return None
 
     def wrap_tape(self, tape: Any) -> Any:
         return tape
@@ -71,6 +135,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def any_flag(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is True on any rank (a collective: all must call, at the same step)."""
+
+    @property
+    def writes_checkpoint(self) -> bool:
+        """Does this rank take part in writing a checkpoint (see ``common.train``)."""
+        return True
 
     def restore(self, ckpt: Any, path: str, model: Any, optimizer: Any) -> None:
         """Load a checkpoint written by ``common.train`` into the (already built) model and optimizer."""
@@ -105,3 +174,63 @@ class Backend(abc.ABC):
     def shutdown(self) -> None:
         """Release communication resources before exit (after ``exit_barrier``)."""
         return None
+
+
+# -- helpers both backends use ----------------------------------------------------------------------------
+def configure_threads(local_size: int, threads: int) -> int:
+    """Give each local process an equal share of the cores (TF otherwise sizes pools for all cores per process)."""
+    import tensorflow as tf
+
+    if threads <= 0:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - non-Linux
+            cores = os.cpu_count() or 1
+        threads = max(1, cores // max(local_size, 1))
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    return threads
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """The GPU this process kept, and the trace of the binding for the record."""
+
+    device: str  # TensorFlow's name of the kept device ("cpu" when there is none)
+    visible: str | None  # CUDA_VISIBLE_DEVICES as the launcher set it
+    physical: str | None  # the physical GPU id among ``visible`` (== visible when nothing was picked)
+
+    def label(self) -> str:
+        """"cpu (CUDA_VISIBLE_DEVICES=1)", ".../GPU:2 (CUDA_VISIBLE_DEVICES=0,1,2,3, GPU 2)" or the bare device."""
+        if self.visible is None:
+            return self.device
+        pick = f", GPU {self.physical}" if self.physical != self.visible else ""
+        return f"{self.device} (CUDA_VISIBLE_DEVICES={self.visible}{pick})"
+
+
+def pin_one_gpu(local_rank: int, prog: str, gpus: list[Any] | None = None) -> Pinning:
+    """Keep one GPU for this process (memory growth on) and hide the others from TensorFlow.
+
+    The only one if the launcher bound this task to one (``srun --gpus-per-task=1``, ``--gpu-bind=single:1``), else
+    the ``local_rank``-th of the node's GPUs (horovodrun, mpirun, ``srun --gres=gpu:N`` alone): the rule Horovod
+    documents, used by both backends. Without a GPU the launcher's ``CUDA_VISIBLE_DEVICES`` (fake gres, CPU runs)
+    is still recorded: it is the only trace of the binding. Never the Slurm resolver's ``auto_set_gpu``, which would
+    overwrite what Slurm set.
+    """
+    import sys
+
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU") if gpus is None else gpus
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not gpus:
+        return Pinning("cpu", visible, visible)
+    index = 0 if len(gpus) == 1 else local_rank % len(gpus)
+    if len(gpus) > 1 and local_rank >= len(gpus):
+        print(f"[{prog}] warning: local rank {local_rank} but only {len(gpus)} GPUs visible; sharing GPU {index}",
+              file=sys.stderr, flush=True)
+    mine = gpus[index]
+    tf.config.set_visible_devices(mine, "GPU")
+    tf.config.experimental.set_memory_growth(mine, True)
+    ids = (visible or "").split(",")
+    return Pinning(mine.name, visible, ids[index] if len(ids) == len(gpus) else str(index))

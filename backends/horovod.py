@@ -13,12 +13,24 @@ import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from backends.base import Backend  # noqa: E402
-from common import cli  # noqa: E402
+from backends.base import Backend, BaseOptions, Diagnosis, RankInfo, configure_threads, pin_one_gpu  # noqa: E402
+from common import cli, runner  # noqa: E402
+from common.errors import UsageError, fail  # noqa: E402
 
 PROG = "backends.horovod"
+
+
+@dataclass(frozen=True)
+class Options(BaseOptions):
+    fp16_allreduce: bool = False  # compress gradients to float16 (off: it changes the math, parity needs it off)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Options:
+        return cls(threads=args.threads, fp16_allreduce=args.fp16_allreduce)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,62 +40,77 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def local_command(n: int, args: list[str], python: str = sys.executable) -> list[str]:
+    """The command that runs ``n`` ranks of this backend on this host (``horovodrun --gloo``; one: no launcher)."""
+    body = [python, "-m", PROG, *args]
+    if n == 1:
+        return body  # hvd.init() with no launcher is a world of one
+    return [str(Path(python).parent / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo", *body]
+
+
+def doctor(tf_version: str | None) -> Diagnosis:
+    """Horovod must be built against this TensorFlow with a controller (Gloo or MPI); which patch it carries."""
+    from common import buildinfo
+
+    if tf_version is None:
+        return Diagnosis(False, "cannot run: TensorFlow is not importable", {}, [])
+    try:
+        import horovod
+        import horovod.tensorflow as hvd
+    except Exception as e:  # noqa: BLE001 - report any import failure
+        return Diagnosis(False, f"cannot run: {e}", {"horovod": None},
+                         [f"horovod=={buildinfo.HOROVOD_VERSION} built with TensorFlow {tf_version} (make setup)"])
+    details = {
+        "horovod": horovod.__version__,
+        "horovod_controllers": {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())},
+        "horovod_ops": {"nccl": bool(hvd.nccl_built()), "mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built())},
+        "horovod_patch": buildinfo.horovod_patch_description(),
+    }
+    ok = bool(hvd.gloo_built() or hvd.mpi_built())
+    return Diagnosis(ok, "ok" if ok else "cannot run: no controller", details, [])
+
+
 class HorovodBackend(Backend):
     name = "horovod"
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.device = "cpu"
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.visible_gpus: str | None = None
 
-    def setup(self) -> None:
+    def _connect(self) -> RankInfo:
         try:
             import horovod.tensorflow as htf  # tensors: broadcast, allgather, DistributedGradientTape
             import horovod.tensorflow.keras as hvd  # Keras: DistributedOptimizer, callbacks
         except ImportError as e:
-            raise cli.UsageError(
+            raise UsageError(
                 f"Horovod is not importable ({e}); run `make setup` (or see README) to build it") from None
         import tensorflow as tf
 
-        from common.train import configure_threads
-
         self.hvd, self.htf, self.tf = hvd, htf, tf
         hvd.init()
-        self.rank, self.num_workers = hvd.rank(), hvd.size()
-        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-        self.threads = configure_threads(self.local_size, self.args.threads)
-        gpus = tf.config.list_physical_devices("GPU")
-        # The physical GPU ids the launcher gave this process (Slurm sets them per task); recorded with the device,
-        # since without a GPU behind them (fake gres, CPU runs) they are the only trace of the binding.
-        self.visible_gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-        self.physical_gpu = self.visible_gpus
-        if gpus:
-            # Pin one GPU per process: the only one if the launcher bound this task to one (srun --gpus-per-task=1),
-            # else the local_rank-th of the node's GPUs (horovodrun, mpirun, srun with --gres=gpu:N alone).
-            index = 0 if len(gpus) == 1 else self.local_rank % len(gpus)
-            mine = gpus[index]
-            tf.config.experimental.set_memory_growth(mine, True)
-            tf.config.set_visible_devices(mine, "GPU")
-            self.device = mine.name
-            ids = (self.visible_gpus or "").split(",")
-            self.physical_gpu = ids[index] if len(ids) == len(gpus) else str(index)
-        self.compression = hvd.Compression.fp16 if self.args.fp16_allreduce else hvd.Compression.none
+        threads = configure_threads(hvd.local_size(), self.opts.threads)
+        pin = pin_one_gpu(hvd.local_rank(), PROG)
+        self.visible_gpus = pin.visible
+        self.compression = hvd.Compression.fp16 if self.opts.fp16_allreduce else hvd.Compression.none
+        return RankInfo(rank=hvd.rank(), num_workers=hvd.size(), local_rank=hvd.local_rank(),
+                        local_size=hvd.local_size(), replicas_per_worker=1, device=pin.label(), threads=threads)
 
     def describe(self) -> dict[str, Any]:
         hvd = self.hvd
-        device, visible = self.device, getattr(self, "visible_gpus", None)
-        if visible is not None:  # "cpu (CUDA_VISIBLE_DEVICES=1)", ".../GPU:2 (CUDA_VISIBLE_DEVICES=0,1,2,3, GPU 2)"
-            pick = f", GPU {self.physical_gpu}" if self.physical_gpu != visible else ""
-            device = f"{device} (CUDA_VISIBLE_DEVICES={visible}{pick})"
         return {
             "controller": "gloo" if hvd.gloo_enabled() else ("mpi" if hvd.mpi_enabled() else "?"),
             "built": {"gloo": hvd.gloo_built(), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())},
-            "compression": "fp16" if self.args.fp16_allreduce else "none",
-            "threads_per_process": self.threads,
+            "compression": "fp16" if self.opts.fp16_allreduce else "none",
+            "threads_per_process": self.info.threads,
             "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default"),
             "cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME", "default"),
-            "device": device,
-            "cuda_visible_devices": visible,
+            "device": self.info.device,
+            "cuda_visible_devices": self.visible_gpus,
         }
+
+    def gradient_bytes(self, trainable_params: int) -> int:
+        # float16 on the wire with --fp16-allreduce (Horovod compresses before the allreduce)
+        return trainable_params * (2 if self.opts.fp16_allreduce else 4)
 
     def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
         return dataset_fn(self.rank, self.num_workers, 1)
@@ -94,7 +121,7 @@ class HorovodBackend(Backend):
             return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
         return optimizer
 
-    def fit_callbacks(self, job: Any, steps_per_epoch: int, learning_rate: float, fresh: bool = True) -> list[Any]:
+    def fit_callbacks(self) -> list[Any]:
         hvd, tf = self.hvd, self.tf
         backend = self
 
@@ -112,16 +139,19 @@ class HorovodBackend(Backend):
                     backend.after_first_step(self.model, self.model.optimizer)
                     self.done = True
 
-        cbs = [BroadcastOptimizerState(), hvd.callbacks.MetricAverageCallback()]
-        if job.warmup_epochs and fresh:
-            warm = hvd.callbacks.LearningRateWarmupCallback(
-                initial_lr=learning_rate, warmup_epochs=job.warmup_epochs, momentum_correction=False,
-                steps_per_epoch=steps_per_epoch, verbose=0)
-            warm.provides_warmup = True
-            cbs.append(warm)
+        return self._keras_callbacks([BroadcastOptimizerState(), hvd.callbacks.MetricAverageCallback()])
+
+    def fit_warmup(self, warmup_epochs: int, steps_per_epoch: int, learning_rate: float) -> Any | None:
+        # Horovod's own rule, in Horovod fit (twinbench re-implements it for the native backend and the custom loop)
+        warm = self.hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=learning_rate, warmup_epochs=warmup_epochs, momentum_correction=False,
+            steps_per_epoch=steps_per_epoch, verbose=0)
+        return self._keras_callbacks([warm])[0]
+
+    def _keras_callbacks(self, cbs: list[Any]) -> list[Any]:
         for cb in cbs:
             # Horovod binds `keras.backend`, which is Keras 3 here; our models are tf_keras.
-            cb.backend = tf.keras.backend
+            cb.backend = self.tf.keras.backend
         return cbs
 
     def wrap_tape(self, tape: Any) -> Any:
@@ -153,7 +183,7 @@ class HorovodBackend(Backend):
 
     @property
     def writes_checkpoint(self) -> bool:
-        return self.rank == 0  # rank 0 writes; the others get its state by broadcast on restore
+        return self.is_chief  # rank 0 writes; the others get its state by broadcast on restore
 
     def restore(self, ckpt: Any, path: str, model: Any, optimizer: Any) -> None:
         if self.rank == 0:
@@ -185,13 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     cli.legacy_keras()
     cli.unset_proxies()
-    job = cli.prepare(PROG, args)
-    backend = HorovodBackend(args)
+    job, run_opts = cli.prepare(PROG, args, T0)
+    backend = HorovodBackend(Options.from_args(args))
     try:
         backend.setup()
-    except cli.UsageError as e:
-        cli.fail(PROG, str(e))
-    return cli.run_training(PROG, backend, job, args, T0)
+    except UsageError as e:
+        fail(PROG, str(e))
+    return runner.run(PROG, backend, job, run_opts)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import backends
+from common.localcluster import start_tf_config_workers
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -37,10 +39,9 @@ def _job_args(job: str, sets: list[str]) -> list[str]:
 
 def twinbench(kind: str, steps: int, warm: int, job: str, sets: list[str]) -> float:
     with tempfile.TemporaryDirectory() as out:
-        body = ["-m", f"backends.{kind}", *_job_args(job, sets), "--set", "mode=ctl", "--set", f"steps={steps}",
+        args = [*_job_args(job, sets), "--set", "mode=ctl", "--set", f"steps={steps}",
                 "--set", f"timing_warmup_steps={warm}", "--results", out, "--quiet"]
-        cmd = [PY, *body, "--nproc", "2"] if kind == "native" else \
-            [HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *body]
+        cmd = backends.load(kind).local_command(2, args, python=PY)
         subprocess.run(cmd, cwd=REPO, env=_env(), check=True, capture_output=True)
         rec = json.loads(next(Path(out).glob("*.json")).read_text())
         return rec["images_per_sec"]
@@ -53,18 +54,8 @@ def plain(kind: str, steps: int, warm: int, job: str, sets: list[str]) -> float:
                               check=True, capture_output=True, text=True)
         lines = [ln.split(">:", 1)[-1] for ln in proc.stdout.splitlines() if '"wall"' in ln]
     else:
-        socks = [socket.socket() for _ in range(2)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        workers = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
-        for s in socks:
-            s.close()
-        procs = []
-        for i in range(2):
-            env = _env()
-            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
-            procs.append(subprocess.Popen([PY, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.DEVNULL, text=True))
+        procs = start_tf_config_workers(2, [PY, *args], _env(), cwd=REPO, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
         lines = [ln for p in procs for ln in p.communicate()[0].splitlines() if '"wall"' in ln]
     recs = [json.loads(ln) for ln in lines]
     wall = max(r["wall"] for r in recs)
@@ -80,7 +71,7 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[], dest="sets", help="job override key=value (repeatable)")
     a = p.parse_args()
     print(f"job {a.job} {' '.join(a.sets)}, {a.steps} steps ({a.warmup} untimed), custom loop, 2 workers", flush=True)
-    for kind in ("native", "horovod"):
+    for kind in backends.names():
         ratios = []
         for i in range(a.repeats):
             # interleaved, alternating which goes first: drifts of the machine hit both sides alike

@@ -15,13 +15,73 @@ import json
 import os
 import sys
 import time
+from typing import Any
+
+import backends
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
+def _horovod_loop(tf: Any, job: Any, ds: Any, b: int, lr: float) -> tuple[Any, Any]:
+    """Horovod's documented custom loop: shard, DistributedGradientTape, broadcast after the first step."""
+    import horovod.tensorflow as hvd
+
+    from common.models import build_model
+    from common.train import build_optimizer
+
+    shape = tuple(job.image_shape)
+    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    model = build_model(job, shape, job.num_classes)
+    opt = build_optimizer(job, lr)
+    it = iter(ds.shard(hvd.size(), hvd.rank()).batch(b, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE))
+
+    @tf.function
+    def step() -> Any:
+        xb, yb = next(it)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_obj(yb, model(xb, training=True)))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    step()
+    hvd.broadcast_variables(model.variables, 0)
+    hvd.broadcast_variables(opt.variables(), 0)
+    return step, float
+
+
+def _mwms_loop(tf: Any, strategy: Any, job: Any, ds: Any, gb: int, lr: float) -> tuple[Any, Any]:
+    """The IDRIS-page MWMS custom loop: experimental_distribute_dataset, loss over the global batch."""
+    from common.models import build_model
+    from common.train import build_optimizer
+
+    shape = tuple(job.image_shape)
+    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    with strategy.scope():
+        model = build_model(job, shape, job.num_classes)
+        opt = build_optimizer(job, lr)
+    it = iter(strategy.experimental_distribute_dataset(
+        ds.batch(gb, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)))
+
+    def step_fn(xb: Any, yb: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_obj(yb, model(xb, training=True)), global_batch_size=gb)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def step() -> Any:
+        return strategy.run(step_fn, args=next(it))
+
+    step()
+    return step, lambda t: float(strategy.experimental_local_results(t)[0])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("kind", choices=("native", "horovod"))
+    p.add_argument("kind", choices=backends.names())
     p.add_argument("steps", type=int)
     p.add_argument("warmup", type=int)
     p.add_argument("--job", default="jobs/smoke.toml")
@@ -33,8 +93,7 @@ def main() -> int:
     kind, steps, warm, b = a.kind, a.steps, a.warmup, job.per_replica_batch_size
     import tensorflow as tf
 
-    from common.models import build_model
-    from common.train import build_optimizer, configure_threads
+    from backends.base import configure_threads
 
     configure_threads(2, 0)  # the thread budget twinbench gives each of 2 local ranks, before the runtime starts
     if kind == "horovod":
@@ -49,53 +108,11 @@ def main() -> int:
     tf.keras.utils.set_random_seed(job.seed)
     gb = b * size
     lr = job.scaled_learning_rate(size)
-    shape = tuple(job.image_shape)
     n = max(1024, 4 * gb)
-    x = tf.random.Generator.from_seed(1).uniform([n, *shape])
+    x = tf.random.Generator.from_seed(1).uniform([n, *tuple(job.image_shape)])
     y = tf.cast(tf.math.floormod(tf.range(n), job.num_classes), tf.int32)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=job.seed)
-    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-
-    if kind == "horovod":
-        model = build_model(job, shape, job.num_classes)
-        opt = build_optimizer(job, lr)
-        it = iter(ds.shard(size, rank).batch(b, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE))
-
-        @tf.function
-        def step() -> tf.Tensor:
-            xb, yb = next(it)
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(loss_obj(yb, model(xb, training=True)))
-            tape = hvd.DistributedGradientTape(tape)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        step()
-        hvd.broadcast_variables(model.variables, 0)
-        hvd.broadcast_variables(opt.variables(), 0)
-    else:
-        with strategy.scope():
-            model = build_model(job, shape, job.num_classes)
-            opt = build_optimizer(job, lr)
-        it = iter(strategy.experimental_distribute_dataset(
-            ds.batch(gb, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)))
-
-        def step_fn(xb: tf.Tensor, yb: tf.Tensor) -> tf.Tensor:
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(loss_obj(yb, model(xb, training=True)), global_batch_size=gb)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        @tf.function
-        def step() -> tf.Tensor:
-            return strategy.run(step_fn, args=next(it))
-
-        step()
-
-    def value(t: tf.Tensor) -> float:
-        return float(t if kind == "horovod" else strategy.experimental_local_results(t)[0])
+    step, value = _horovod_loop(tf, job, ds, b, lr) if kind == "horovod" else _mwms_loop(tf, strategy, job, ds, gb, lr)
 
     for _ in range(warm - 1):
         step()

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from backends.base import Backend
 from common import results as res
+from common.runconfig import BenchOptions
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"  # nccl-tests style sweep, 4 KiB to 256 MiB
 UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
@@ -42,10 +44,12 @@ def bus_factor(n: int) -> float:
     return 2.0 * (n - 1) / n if n > 0 else 0.0
 
 
-def run_allreduce(backend: Any, sizes: list[int], iters: int, warmup: int, results_dir: str | None,
-                  command: list[str], verbose: bool = True) -> dict[str, Any] | None:
+def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None, command: list[str],
+                  verbose: bool = True) -> dict[str, Any] | None:
+    """SUM allreduce of float32 ones at each size; the chief writes the ``kind: "allreduce"`` record."""
     import tensorflow as tf
 
+    sizes, iters, warmup = list(bench.sizes), bench.iters, bench.warmup_iters
     reduce_fn = backend.allreduce_fn()
     n = backend.num_replicas
     mine: dict[str, list[float]] = {}

@@ -1,29 +1,22 @@
-"""Command-line handling shared by both entry points. No TensorFlow import: bad input exits 2 before TF starts."""
+"""Command-line handling shared by every entry point. No TensorFlow import: bad input exits 2 before TF starts."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from common import reliability as rel
+from common.errors import UsageError, fail
 from common.job import Job, JobError, load_job
+from common.runconfig import PREEMPT_CHECK_STEPS, BenchOptions, RunOptions
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JOB = REPO / "jobs" / "smoke.toml"
-EXIT_USAGE = 2  # bad input: config, flags or environment
 PROXY_VARS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")
-
-
-class UsageError(Exception):
-    """Bad input; its message is the one line the user sees."""
-
-
-def fail(prog: str, message: str) -> NoReturn:
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_USAGE)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -57,7 +50,7 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     r.add_argument("--stall-timeout", type=float, default=rel.STALL_TIMEOUT,
                    help=f"seconds without a finished step before the run is declared hung (default "
                         f"{rel.STALL_TIMEOUT:g}, covers first-step tracing; 0 = off)")
-    r.add_argument("--preempt-check-steps", type=int, default=10,
+    r.add_argument("--preempt-check-steps", type=int, default=PREEMPT_CHECK_STEPS,
                    help="every N steps all ranks agree whether SIGTERM/SIGUSR1 arrived (default 10: one scalar "
                         "collective per 10 steps, at most 10 extra steps after a signal)")
     r.add_argument("--resume-from", default=None, metavar="DIR",
@@ -66,8 +59,33 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     return p
 
 
-def prepare(prog: str, args: argparse.Namespace) -> Job:
-    """Everything that can be checked before TensorFlow starts: job, data files, results dir."""
+def _bench_options(prog: str, args: argparse.Namespace) -> BenchOptions | None:
+    if not args.bench:
+        return None
+    from common.bench import DEFAULT_SIZES, parse_sizes
+
+    try:
+        sizes = parse_sizes(args.sizes or DEFAULT_SIZES)
+    except ValueError as e:
+        fail(prog, str(e))
+    if args.iters < 1 or args.warmup_iters < 0:
+        fail(prog, f"--iters must be >= 1 and --warmup-iters >= 0, got {args.iters} and {args.warmup_iters}")
+    return BenchOptions(tuple(sizes), args.iters, args.warmup_iters)
+
+
+def _check_numbers(prog: str, args: argparse.Namespace) -> None:
+    if args.threads < 0:
+        fail(prog, f"--threads must be >= 0, got {args.threads}")
+    if not args.peer_timeout > 0:
+        fail(prog, f"--peer-timeout must be > 0 seconds, got {args.peer_timeout}")
+    if args.stall_timeout < 0:
+        fail(prog, f"--stall-timeout must be >= 0 seconds (0 = off), got {args.stall_timeout}")
+    if args.preempt_check_steps < 1:
+        fail(prog, f"--preempt-check-steps must be >= 1, got {args.preempt_check_steps}")
+
+
+def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOptions]:
+    """Everything that can be checked before TensorFlow starts: job, data files, results dir, flags."""
     from common import data as data_mod
     from common import results as res
 
@@ -79,23 +97,8 @@ def prepare(prog: str, args: argparse.Namespace) -> Job:
             res.check_results_dir(args.results)
     except (JobError, data_mod.DataError, OSError) as e:
         fail(prog, str(e))
-    if args.threads < 0:
-        fail(prog, f"--threads must be >= 0, got {args.threads}")
-    if not args.peer_timeout > 0:
-        fail(prog, f"--peer-timeout must be > 0 seconds, got {args.peer_timeout}")
-    if args.stall_timeout < 0:
-        fail(prog, f"--stall-timeout must be >= 0 seconds (0 = off), got {args.stall_timeout}")
-    if args.preempt_check_steps < 1:
-        fail(prog, f"--preempt-check-steps must be >= 1, got {args.preempt_check_steps}")
-    if args.bench:
-        from common.bench import DEFAULT_SIZES, parse_sizes
-
-        try:
-            args.size_list = parse_sizes(args.sizes or DEFAULT_SIZES)
-        except ValueError as e:
-            fail(prog, str(e))
-        if args.iters < 1 or args.warmup_iters < 0:
-            fail(prog, f"--iters must be >= 1 and --warmup-iters >= 0, got {args.iters} and {args.warmup_iters}")
+    _check_numbers(prog, args)
+    bench = _bench_options(prog, args)
     if args.resume_from:
         meta = rel.read_meta(Path(args.resume_from))
         if meta is None:
@@ -103,7 +106,13 @@ def prepare(prog: str, args: argparse.Namespace) -> Job:
         reason = rel.check_resume(meta, job.job_hash, job.name, None, Path(args.resume_from))
         if reason:  # the world size is checked once the backend knows it (common.train)
             fail(prog, reason)
-    return job
+    opts = RunOptions(
+        t_process_start=t0, command=tuple(command_line()), results_dir=args.results, verbose=not args.quiet,
+        peer_timeout=args.peer_timeout, stall_timeout=args.stall_timeout,
+        preempt_check_steps=args.preempt_check_steps, signal_at_step=args.signal_at_step,
+        resume_from=args.resume_from, bench=bench,
+    )
+    return job, opts
 
 
 def unset_proxies() -> None:
@@ -120,8 +129,6 @@ def legacy_keras() -> None:
 
 def command_line() -> list[str]:
     """The exact command line: the launcher's under --nproc (it passes it down), else this process's."""
-    import json
-
     launched = os.environ.get("TWINBENCH_LAUNCH_COMMAND")
     return json.loads(launched) if launched else list(sys.orig_argv)
 
@@ -136,48 +143,3 @@ def env_int(*names: str, default: int) -> int:
             except ValueError:
                 raise UsageError(f"environment variable {n}={v!r} is not an integer") from None
     return default
-
-
-def run_training(prog: str, backend: Any, job: Job, args: argparse.Namespace, t0: float) -> int:
-    """Train; exit 0 when done, 75 after a preemption checkpoint, 2 when a checkpoint cannot resume this run."""
-    from common.train import Preempted, RunOptions, train
-
-    if args.bench == "allreduce":
-        from common.bench import run_allreduce
-
-        run_allreduce(backend, args.size_list, args.iters, args.warmup_iters, args.results, command_line(),
-                      verbose=not args.quiet and backend.is_chief)
-        backend.exit_barrier()
-        backend.shutdown()
-        return 0
-    opts = RunOptions(
-        t_process_start=t0, command=command_line(), results_dir=args.results, verbose=not args.quiet,
-        peer_timeout=args.peer_timeout, stall_timeout=args.stall_timeout,
-        preempt_check_steps=args.preempt_check_steps, signal_at_step=args.signal_at_step,
-        resume_from=args.resume_from,
-    )
-    try:
-        train(job, backend, opts)
-    except UsageError as e:
-        fail(prog, str(e))
-    except Preempted as e:
-        if backend.is_chief:
-            print(f"[twinbench] preempted: {e}", file=sys.stderr, flush=True)
-        backend.exit_barrier()  # os._exit is instant: without it a peer still in the last collective fails
-        sys.stdout.flush()
-        os._exit(rel.EXIT_PREEMPTED)  # skip TF/Horovod teardown: the checkpoint is safe, exit promptly
-    except Exception as e:  # noqa: BLE001 - a failed collective: name the lost peer if there is one
-        dog = getattr(backend, "watchdog", None)
-        lost = dog.lost_peers() if dog is not None else []
-        if not lost:
-            raise
-        dog.stop()
-        who = ", ".join(f"rank {p['rank']} (host {p['host']}, pid {p['pid']})" for p in lost)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        print(f"[twinbench] error: lost {who}: it no longer answers; rank {backend.rank} stops "
-              f"({type(e).__name__}: {first})", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(rel.EXIT_PEER_LOST)
-    backend.exit_barrier()
-    backend.shutdown()
-    return 0

@@ -8,39 +8,43 @@ import subprocess
 import sys
 from typing import Any
 
+import backends
+from common import buildinfo
+
 ENV_PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "PMIX_", "PMI_", "HOROVOD_", "NCCL_", "TF_CONFIG", "CUDA_VISIBLE")
+
+
+def _tensorflow(out: dict[str, Any]) -> str | None:
+    """TensorFlow's version (None when it does not import), with Keras and GPUs, into ``out``."""
+    pins = buildinfo.pins_for(None)  # the default set-up's pins (requirements.txt) until TF says which apply
+    try:
+        import tensorflow as tf
+    except Exception as e:  # noqa: BLE001 - report any import failure
+        out["tensorflow"] = None
+        out["tensorflow_error"] = str(e)
+        out["missing"].append(f"tensorflow=={pins.get('tensorflow', '?')} (make setup)")
+        return None
+    out["tensorflow"] = tf.__version__
+    pins = buildinfo.pins_for(tf.__version__)  # the fallback's pins (requirements-tf*.txt) for its TF
+    out["keras"] = f"{tf.keras.__name__} {getattr(tf.keras, '__version__', '?')}"
+    if not tf.keras.__name__.startswith("tf_keras"):
+        out["missing"].append("tf_keras as tf.keras (set TF_USE_LEGACY_KERAS=1, pip install "
+                              f"tf-keras=={pins.get('tf-keras', '?')})")
+    out["gpus"] = [d.name for d in tf.config.list_physical_devices("GPU")]
+    return tf.__version__
 
 
 def check() -> dict[str, Any]:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    out: dict[str, Any] = {"python": sys.version.split()[0], "missing": []}
-    try:
-        import tensorflow as tf
-
-        out["tensorflow"] = tf.__version__
-        out["keras"] = f"{tf.keras.__name__} {getattr(tf.keras, '__version__', '?')}"
-        if not tf.keras.__name__.startswith("tf_keras"):
-            out["missing"].append("tf_keras as tf.keras (set TF_USE_LEGACY_KERAS=1, pip install tf-keras==2.18.0)")
-        out["gpus"] = [d.name for d in tf.config.list_physical_devices("GPU")]
-        out["native"] = "ok"
-    except Exception as e:  # noqa: BLE001 - report any import failure
-        out["tensorflow"] = None
-        out["native"] = f"cannot run: {e}"
-        out["missing"].append("tensorflow==2.18.1")
-    try:
-        import horovod
-        import horovod.tensorflow as hvd
-
-        out["horovod"] = horovod.__version__
-        out["horovod_controllers"] = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())}
-        out["horovod_ops"] = {"nccl": bool(hvd.nccl_built()), "mpi": bool(hvd.mpi_built()),
-                              "gloo": bool(hvd.gloo_built())}
-        out["horovod_backend"] = "ok" if (hvd.gloo_built() or hvd.mpi_built()) else "cannot run: no controller"
-    except Exception as e:  # noqa: BLE001
-        out["horovod"] = None
-        out["horovod_backend"] = f"cannot run: {e}"
-        out["missing"].append("horovod==0.28.1 built with TensorFlow (make setup)")
+    out: dict[str, Any] = {"python": sys.version.split()[0], "missing": [], "backends": {}}
+    tf_version = _tensorflow(out)
+    for name in backends.names():
+        diag = backends.load(name).doctor(tf_version)
+        out.update(diag.details)
+        out[f"{name}_backend"] = diag.status
+        out["backends"][name] = diag.ok
+        out["missing"] += diag.missing
     out["horovodrun"] = shutil.which("horovodrun")
     out["mpirun"] = shutil.which("mpirun")
     if out["mpirun"]:
@@ -58,7 +62,7 @@ def main() -> int:
     info = check()
     width = 20
     for k, v in info.items():
-        if k in ("environment", "missing"):
+        if k in ("environment", "missing", "backends"):
             continue
         print(f"{k:<{width}} {v}")
     print("environment:" if info["environment"] else "environment:        (no Slurm/MPI/Horovod/NCCL variables)")
@@ -66,8 +70,7 @@ def main() -> int:
         print(f"  {k}={v}")
     for m in info["missing"]:
         print(f"MISSING: {m}")
-    bad = [b for b in ("native", "horovod_backend") if info.get(b) != "ok"]
-    return 1 if bad else 0
+    return 0 if all(info["backends"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A job is a frozen, validated dataclass loaded from a TOML file (stdlib ``tomllib``) plus ``--set key=value``
 overrides. Its ``job_hash`` covers every field that changes the math or the measurement protocol, and never
 the backend or the world size: two runs with the same hash are comparable. This module never imports
-TensorFlow, so bad input is rejected before TF starts.
+TensorFlow, so bad input is rejected before TF starts. Model and dataset names, and which job keys each one reads,
+come from the registries ``common.models.MODELS`` and ``common.datasets.DATASETS`` (both importable without TF).
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.datasets import DATASETS
+from common.models import MODELS
+
 
 class JobError(ValueError):
     """A job file or override is invalid; the message is one line meant for the user."""
 
 
-BUILTIN_MODELS = ("mlp", "small_cnn", "resnet20", "resnet56")
-DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "image_folder")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MODES = ("fit", "ctl")
 LR_SCALINGS = ("none", "linear")
+# Keys only some models / datasets read: hashed only when the job's model or dataset lists them in its job_fields.
+OPTIONAL_KEYS = ("mlp_hidden", "image_shape", "num_classes", "synthetic_samples")
 
 
 @dataclass(frozen=True)
@@ -34,11 +38,11 @@ class Job:
     # --- identity (not hashed: a label only) ---
     name: str = "unnamed"  # free label shown in reports; renaming a job keeps its hash
     # --- model ---
-    model: str = "mlp"  # mlp | small_cnn | resnet56 | any tf.keras.applications name (weights=None)
+    model: str = "mlp"  # a builtin of common.models.MODELS | any tf.keras.applications name (weights=None)
     mlp_hidden: tuple[int, ...] = (128,)  # MLP hidden layer widths (only for model = "mlp")
     weight_decay: float = 0.0  # L2 factor on kernels; a regularisation loss, scaled per replica in both backends
     # --- data ---
-    dataset: str = "synthetic"  # synthetic | mnist | fashion_mnist | cifar10 | image_folder
+    dataset: str = "synthetic"  # a name of common.datasets.DATASETS (synthetic, mnist, cifar10...)
     data_dir: str = ""  # where the real dataset's files are; nothing is ever downloaded
     image_shape: tuple[int, ...] = (28, 28, 1)  # synthetic / image_folder input shape (H, W, C); others fix their own
     num_classes: int = 10  # synthetic / image_folder label count; others fix their own
@@ -78,12 +82,11 @@ class Job:
         d = self.to_dict()
         d.pop("name")
         # Keys the job does not use cannot change its math: leave them out so equal jobs hash equal.
-        if self.dataset not in ("synthetic", "image_folder"):
-            d.pop("image_shape"), d.pop("num_classes")
-        if self.dataset != "synthetic":
-            d.pop("synthetic_samples")
-        if self.model != "mlp":
-            d.pop("mlp_hidden")
+        spec = MODELS.get(self.model)  # None: a tf.keras.applications model, which reads no optional key
+        used = set(DATASETS[self.dataset].job_fields) | set(spec.job_fields if spec else ())
+        for key in OPTIONAL_KEYS:
+            if key not in used:
+                d.pop(key)
         if self.optimizer != "momentum":
             d.pop("momentum")
         blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
@@ -125,8 +128,8 @@ def _validate(job: Job) -> None:
         if not cond:
             raise JobError(msg)
 
-    need(job.model in BUILTIN_MODELS or _is_keras_app_name(job.model),
-         f"unknown model {job.model!r}: use one of {', '.join(BUILTIN_MODELS)} or a tf.keras.applications name "
+    need(job.model in MODELS or _is_keras_app_name(job.model),
+         f"unknown model {job.model!r}: use one of {', '.join(MODELS)} or a tf.keras.applications name "
          "such as ResNet50")
     need(job.dataset in DATASETS, f"unknown dataset {job.dataset!r}: use one of {', '.join(DATASETS)}")
     need(job.optimizer in OPTIMIZERS, f"unknown optimizer {job.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
@@ -150,7 +153,7 @@ def _validate(job: Job) -> None:
          f"image_shape must be [height, width, channels] with positive sizes, got {list(job.image_shape)}")
     need(all(w >= 1 for w in job.mlp_hidden), f"mlp_hidden widths must be >= 1, got {list(job.mlp_hidden)}")
     need(0 <= job.seed < 2**31, f"seed must be in [0, 2^31), got {job.seed}")
-    if job.dataset in ("mnist", "fashion_mnist", "cifar10", "image_folder"):
+    if DATASETS[job.dataset].needs_data_dir:
         need(bool(job.data_dir), f"dataset {job.dataset!r} needs data_dir (nothing is downloaded); "
              f"set it in the job file or with --set data_dir=PATH")
 

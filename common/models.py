@@ -1,11 +1,12 @@
 """Models: the same functional tf.keras (legacy Keras 2, tf_keras) graph for both backends, returning logits.
 
-Builtins: ``mlp``, ``small_cnn`` (the Fashion-MNIST tutorial CNN), ``resnet56`` (He et al. 2016, CIFAR
-variant). Any other name is a ``tf.keras.applications`` constructor built with ``weights=None``. The last layer
-is always float32 (a linear Activation with dtype float32) so logits and the loss stay float32 under the
-mixed_float16 policy. Weights are random from the global seed the caller sets
-(``tf.keras.utils.set_random_seed(job.seed)``) before ``build_model``; this module never seeds anything.
-TensorFlow is imported lazily so that importing this module (e.g. for ``model_names``) stays cheap.
+Builtins are registered in ``MODELS`` (name -> builder and one-line description), each by ``@register`` on its
+builder: adding a model touches this file only; ``common.job`` validates names against ``MODELS``, so this module
+imports neither ``common.job`` nor, at import time, TensorFlow. Any other name is a ``tf.keras.applications``
+constructor built with ``weights=None``. The last layer is always float32 (a linear Activation with dtype
+float32) so logits and the loss stay float32 under the mixed_float16 policy. Weights are random from the global
+seed the caller sets (``tf.keras.utils.set_random_seed(job.seed)``) before ``build_model``; this module never
+seeds anything. TensorFlow is imported lazily so that importing this module (e.g. for ``model_names``) stays cheap.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import TYPE_CHECKING, Any
-
-from common.job import BUILTIN_MODELS, Job
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -29,14 +30,53 @@ class ModelError(ValueError):
 # separable convolutions); biases, BatchNorm and embeddings are not decayed.
 _KERNEL_REGULARIZERS = {"kernel": "kernel_regularizer", "depthwise_kernel": "depthwise_regularizer",
                         "pointwise_kernel": "pointwise_regularizer"}
-# ResNet-56 = 6n + 2 layers with n = 9 basic blocks per stage (He et al. 2016, section 4.2).
-_RESNET56_BLOCKS = 9
-_RESNET20_BLOCKS = 3  # the smallest of He et al.'s CIFAR ResNets (6n+2 layers, n=3): a quick BatchNorm model
 # Filters of the three stages of the CIFAR ResNets (feature maps 32x32, 16x16, 8x8 on CIFAR).
 _RESNET_FILTERS = (16, 32, 64)
 # BatchNorm as in the reference CIFAR implementations (torch defaults), rather than Keras' 0.99 / 1e-3.
 _BN_MOMENTUM = 0.9
 _BN_EPSILON = 1e-5
+
+
+class ModelJob(Protocol):
+    """The job fields models read: a ``common.job.Job`` (not imported here, ``common.job`` imports this module)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def mlp_hidden(self) -> tuple[int, ...]: ...
+    @property
+    def weight_decay(self) -> float: ...
+
+
+# (tf module, job, input shape (H, W, C), classes, L2 kernel regularizer or None) -> functional tf.keras.Model whose
+# output is ``_logits(tf, x)``; it uses the regularizer on every kernel and never seeds anything.
+Builder = Callable[[Any, ModelJob, tuple[int, int, int], int, Any], Any]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    description: str  # one line
+    build: Builder
+    job_fields: tuple[str, ...] = ()  # model-specific job keys it reads (e.g. mlp_hidden): hashed only for it
+
+
+MODELS: dict[str, ModelSpec] = {}  # builtin name -> spec, in registration order
+
+
+def register(name: str, description: str, job_fields: tuple[str, ...] = ()) -> Callable[[Builder], Builder]:
+    """Decorator adding a builder to ``MODELS``. Names are lower case, so they never shadow an application."""
+
+    def add(build: Builder) -> Builder:
+        if not (name[:1].islower() and name.replace("_", "").isalnum()):
+            raise ValueError(f"model name {name!r}: use lower case letters, digits and _ (upper case names are "
+                             "tf.keras.applications)")
+        if name in MODELS:
+            raise ValueError(f"model {name!r} is already registered")
+        MODELS[name] = ModelSpec(name, description, build, tuple(job_fields))
+        return build
+
+    return add
 
 
 def _tf() -> Any:
@@ -48,7 +88,7 @@ def _tf() -> Any:
 
 def model_names() -> list[str]:
     """The builtin model names (any tf.keras.applications constructor name is accepted as well)."""
-    return list(BUILTIN_MODELS)
+    return list(MODELS)
 
 
 def application_names() -> list[str]:
@@ -57,7 +97,7 @@ def application_names() -> list[str]:
     return sorted(n for n in dir(apps) if n[:1].isupper() and callable(getattr(apps, n)))
 
 
-def build_model(job: Job, input_shape: tuple[int, int, int], num_classes: int) -> tf.keras.Model:
+def build_model(job: ModelJob, input_shape: tuple[int, int, int], num_classes: int) -> tf.keras.Model:
     """A functional tf.keras model mapping float32 images [B, *input_shape] to float32 logits [B, num_classes].
 
     job.weight_decay > 0 puts an L2(weight_decay) regularizer on every Conv/Dense kernel (``model.losses``).
@@ -66,16 +106,11 @@ def build_model(job: Job, input_shape: tuple[int, int, int], num_classes: int) -
     tf = _tf()
     input_shape = tuple(int(d) for d in input_shape)
     reg = tf.keras.regularizers.L2(job.weight_decay) if job.weight_decay > 0 else None
+    spec = MODELS.get(job.model)
     try:
-        if job.model == "mlp":
-            model = _mlp(tf, job.mlp_hidden, input_shape, num_classes, reg)
-        elif job.model == "small_cnn":
-            model = _small_cnn(tf, input_shape, num_classes, reg)
-        elif job.model == "resnet56":
-            model = _cifar_resnet(tf, _RESNET56_BLOCKS, input_shape, num_classes, reg, name="resnet56")
-        elif job.model == "resnet20":
-            model = _cifar_resnet(tf, _RESNET20_BLOCKS, input_shape, num_classes, reg, name="resnet20")
-        else:
+        if spec is not None:
+            model = spec.build(tf, job, input_shape, num_classes, reg)
+        else:  # not a builtin: a tf.keras.applications name
             model = _application(tf, job.model, input_shape, num_classes, job.weight_decay)
     except ModelError:
         raise
@@ -99,17 +134,20 @@ def _logits(tf: Any, x: Any) -> Any:
     return tf.keras.layers.Activation("linear", dtype="float32", name="logits")(x)
 
 
-def _mlp(tf: Any, hidden: tuple[int, ...], input_shape: tuple[int, ...], num_classes: int, reg: Any) -> Any:
+@register("mlp", "Flatten, then one Dense + ReLU per mlp_hidden width, then the Dense classifier",
+          job_fields=("mlp_hidden",))
+def _mlp(tf: Any, job: ModelJob, input_shape: tuple[int, int, int], num_classes: int, reg: Any) -> Any:
     L = tf.keras.layers
     inputs = tf.keras.Input(shape=input_shape, name="images")
     x = L.Flatten()(inputs)
-    for i, width in enumerate(hidden):
+    for i, width in enumerate(job.mlp_hidden):
         x = L.Dense(width, activation="relu", kernel_regularizer=reg, name=f"hidden_{i}")(x)
     x = L.Dense(num_classes, kernel_regularizer=reg, name="classifier")(x)
     return tf.keras.Model(inputs, _logits(tf, x), name="mlp")
 
 
-def _small_cnn(tf: Any, input_shape: tuple[int, ...], num_classes: int, reg: Any) -> Any:
+@register("small_cnn", "the Fashion-MNIST tutorial CNN: 2 x (3x3 conv + 2x2 max-pool), Dense 64, classifier")
+def _small_cnn(tf: Any, job: ModelJob, input_shape: tuple[int, int, int], num_classes: int, reg: Any) -> Any:
     L = tf.keras.layers
     inputs = tf.keras.Input(shape=input_shape, name="images")
     x = L.Conv2D(32, 3, activation="relu", kernel_regularizer=reg)(inputs)
@@ -157,6 +195,17 @@ def _cifar_resnet(tf: Any, blocks: int, input_shape: tuple[int, ...], num_classe
     return tf.keras.Model(inputs, _logits(tf, x), name=name)
 
 
+# 6n + 2 layers with n basic blocks per stage (He et al. 2016, section 4.2)
+@register("resnet20", "CIFAR ResNet-20 (He et al. 2016, n=3, 0.27M parameters): the smallest, a quick BatchNorm model")
+def _resnet20(tf: Any, job: ModelJob, input_shape: tuple[int, int, int], num_classes: int, reg: Any) -> Any:
+    return _cifar_resnet(tf, 3, input_shape, num_classes, reg, name="resnet20")
+
+
+@register("resnet56", "CIFAR ResNet-56 (He et al. 2016, n=9, 0.85M parameters)")
+def _resnet56(tf: Any, job: ModelJob, input_shape: tuple[int, int, int], num_classes: int, reg: Any) -> Any:
+    return _cifar_resnet(tf, 9, input_shape, num_classes, reg, name="resnet56")
+
+
 def _application(tf: Any, name: str, input_shape: tuple[int, ...], num_classes: int, weight_decay: float) -> Any:
     apps = tf.keras.applications
     ctor = getattr(apps, name, None)
@@ -164,7 +213,7 @@ def _application(tf: Any, name: str, input_shape: tuple[int, ...], num_classes: 
         valid = application_names()
         close = difflib.get_close_matches(name, valid, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ModelError(f"unknown model {name!r}: {hint}use one of {', '.join(BUILTIN_MODELS)} or a "
+        raise ModelError(f"unknown model {name!r}: {hint}use one of {', '.join(MODELS)} or a "
                          f"tf.keras.applications name ({len(valid)} available, e.g. ResNet50, MobileNetV2, "
                          "EfficientNetB0, DenseNet121)")
     try:

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-EXIT_PEER_LOST = 3  # a peer died or the job stalled: the run is lost, start it again
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a checkpoint was written, launch the same command again to resume
+from common.errors import EXIT_PEER_LOST, EXIT_PREEMPTED  # noqa: F401 - re-exported for callers
+
 PEER_TIMEOUT = 20.0  # s without an answer before a peer is declared lost: well under 60 s, far above a TCP connect
 STALL_TIMEOUT = 900.0  # s without a finished step: longer than any sane step incl. first-step tracing/XLA compile
 PROBE_INTERVAL = 1.0  # s between probes of all peers

@@ -1,4 +1,7 @@
-"""Run records: step-time statistics and the results JSON the chief writes (no TensorFlow here).
+"""Run records: the results JSON schema (``RunRecord``, ``SCHEMA``), step-time statistics and atomic writes.
+
+``RunRecord`` is the one definition of what the chief writes and what the report reads: its fields are the
+JSON's keys, in the order written. No TensorFlow here.
 
 Throughput is measured, never extrapolated: global batch x timed steps / the slowest rank's timed wall time,
 where the timed window starts after ``timing_warmup_steps`` and ends at the last step on every rank.
@@ -6,6 +9,7 @@ where the timed window starts after ``timing_warmup_steps`` and ends at the last
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -13,10 +17,103 @@ import secrets
 import socket
 import sys
 import tempfile
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SCHEMA = 1  # bump when a field changes meaning; reports check it
+
+
+class RecordError(ValueError):
+    """A results JSON object that is not a readable RunRecord; the message is one line naming the problem."""
+
+
+def _always_written(default: Any) -> Any:
+    """A field with a default for writers that every results file must nevertheless carry (readers require it)."""
+    return field(default=default, metadata={"required": True})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """One training run's results JSON (schema ``SCHEMA``), written by the chief, read by the report.
+
+    Fields without a default (plus ``schema`` and ``kind``) are required: a file lacking one, or holding a value
+    of the wrong JSON type, is not a usable result (``from_dict`` raises RecordError). Every other field has a
+    default (None: not recorded), so a field added later with a default keeps older files readable.
+    """
+
+    schema: int = _always_written(SCHEMA)
+    kind: str = _always_written("train")
+    backend: str
+    backend_info: dict[str, Any] | None = None  # Backend.describe(): strategy, communication, compression...
+    world_size: int  # replicas
+    num_workers: int  # processes
+    mode: str | None = None  # fit | ctl
+    job_hash: str
+    job: dict[str, Any]  # Job.to_dict()
+    global_batch_size: int | None = None
+    learning_rate: float | None = None  # after scaling
+    steps: int | None = None
+    steps_per_epoch: int | None = None
+    step_losses: list[float] | None = None  # mean over ranks, every step (including those before a resume)
+    per_rank_step_losses: list[list[float]] | None = None
+    images_per_sec: float  # throughput_stats(): measured over the timed window
+    timed_wall_time: float | None = None  # seconds, the slowest rank's
+    step_time: dict[str, Any]  # median, p95, mean (s), timed_steps, warmup_steps
+    per_rank_step_times: list[list[float]] | None = None
+    time_to_first_step: float  # seconds from process start, the slowest rank's
+    resumed_from_step: int = 0  # > 0: times and throughput cover only the steps after the resume
+    versions: dict[str, str] | None = None  # versions(): python, tensorflow, tf_keras, horovod(_patch), numpy
+    hosts: list[str] | None = None  # one per rank
+    devices: list[str] | None = None  # one per rank
+    command: list[str] | None = None
+    started_at: str | None = None  # ISO 8601, UTC
+    finished_at: str | None = None
+    run_id: str | None = None  # new_run_id(); part of the file name
+    trainable_params: int | None = None
+    gradient_bytes: int | None = None  # bytes allreduced per step: the scaling model's S
+    initial_weights_digest: str | None = None
+    weights_digest: str | None = None
+    trainable_weights_digest: str | None = None  # without BatchNorm statistics
+    weights_consistent: bool | None = None  # identical trainable weights on every rank
+    all_weights_consistent: bool | None = None  # non-trainable state too
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (a deep copy), keys in field order."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunRecord:
+        """Read a parsed results JSON: required fields checked (present, right JSON type), optional ones default,
+        unknown keys (fields of a newer writer) ignored. Raises RecordError naming the first problem."""
+        if not isinstance(data, Mapping):
+            raise RecordError(f"top level is a JSON {type(data).__name__}, not an object")
+        for name, types in REQUIRED.items():
+            if name not in data:
+                raise RecordError(f"missing field {name!r}")
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise RecordError(f"field {name!r} has the wrong type ({type(value).__name__})")
+        return cls(**{k: v for k, v in data.items() if k in _FIELD_NAMES})
+
+
+def _required_fields() -> dict[str, tuple[type, ...]]:
+    """Field -> accepted JSON types, for the fields every results file must carry (in field order)."""
+    hints = typing.get_type_hints(RunRecord)
+    out: dict[str, tuple[type, ...]] = {}
+    for f in dataclasses.fields(RunRecord):
+        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if no_default or f.metadata.get("required"):
+            t = typing.get_origin(hints[f.name]) or hints[f.name]
+            out[f.name] = (int, float) if t is float else (t,)  # a JSON number may be written without a point
+    return out
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunRecord))  # the JSON keys, in order
+_FIELD_NAMES = frozenset(FIELDS)
+REQUIRED: dict[str, tuple[type, ...]] = _required_fields()  # what a reader requires (derived, never listed)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -71,6 +168,10 @@ def versions() -> dict[str, str]:
         m = sys.modules.get(mod)
         if m is not None and hasattr(m, "__version__"):
             out[mod] = str(m.__version__)
+    if "horovod" in out:  # the patches scripts/setup.sh applied to its sdist (short sha256s), "none" or "unknown"
+        from common import buildinfo
+
+        out["horovod_patch"] = buildinfo.horovod_patch()
     return out
 
 
@@ -86,8 +187,10 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def result_filename(rec: dict[str, Any]) -> str:
-    return f"{rec['backend']}-{rec['mode']}-n{rec['world_size']}-{rec['job_hash']}-{rec['run_id']}.json"
+def result_filename(rec: RunRecord | Mapping[str, Any]) -> str:
+    """``<backend>-<mode>-n<world_size>-<job_hash>-<run_id>.json``."""
+    d = rec.to_dict() if isinstance(rec, RunRecord) else rec
+    return f"{d['backend']}-{d['mode']}-n{d['world_size']}-{d['job_hash']}-{d['run_id']}.json"
 
 
 def write_atomic(path: Path, data: bytes | str) -> Path:
@@ -110,6 +213,11 @@ def write_atomic(path: Path, data: bytes | str) -> Path:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> Path:
     return write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def write_record(results_dir: str | os.PathLike[str], rec: RunRecord) -> Path:
+    """Write ``rec`` atomically as ``results_dir/result_filename(rec)``; returns the path."""
+    return write_json_atomic(Path(results_dir) / result_filename(rec), rec.to_dict())
 
 
 def check_results_dir(path: str | os.PathLike[str]) -> Path:

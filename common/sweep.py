@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+import backends
 from common import cli
 from common import results as res
 from common.job import JobError, load_job
@@ -42,8 +43,7 @@ from common.job import JobError, load_job
 PROG = "common.sweep"
 MANIFEST = "sweep-manifest.json"
 MANIFEST_KIND = "sweep"
-BACKENDS = ("native", "horovod")
-SCRIPTS = {b: Path("jobs") / "slurm" / f"{b}.sbatch" for b in BACKENDS}
+SCRIPTS = {b: Path(backends.entry(b).slurm_script) for b in backends.names()}
 EXIT_FAILED, EXIT_PENDING = 1, 3
 SLURM_TIMEOUT = 30  # seconds for one sbatch / squeue / sacct / scontrol call
 
@@ -82,10 +82,10 @@ def parse_sizes(text: str) -> list[int]:
 def parse_backends(text: str) -> list[str]:
     out = [b.strip() for b in text.split(",") if b.strip()]
     if not out:
-        raise SweepError("--backends: no backend given (expected native,horovod)")
+        raise SweepError(f"--backends: no backend given (expected {','.join(backends.names())})")
     for b in out:
-        if b not in BACKENDS:
-            raise SweepError(f"--backends: unknown backend {b!r} (choose from {', '.join(BACKENDS)})")
+        if b not in backends.REGISTRY:
+            raise SweepError(f"--backends: unknown backend {b!r} (choose from {', '.join(backends.names())})")
     if len(set(out)) != len(out):
         raise SweepError(f"--backends: a backend is listed twice in {text!r}")
     return out
@@ -125,7 +125,7 @@ def resource_args(lay: dict[str, int], a: argparse.Namespace) -> list[str]:
 def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every run of the sweep (not yet submitted) and the manifest header; SweepError on bad input."""
     sizes = parse_sizes(a.sizes)
-    backends = parse_backends(a.backends)
+    chosen = parse_backends(a.backends)
     if a.gres_per_node < 0:
         raise SweepError(f"--gres-per-node must be >= 0, got {a.gres_per_node}")
     if a.cpus_per_task is not None and a.cpus_per_task < 1:
@@ -149,12 +149,12 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         raise SweepError(f"{results / MANIFEST} exists: {results} already holds a sweep; use a new --results dir")
     if results.exists() and not results.is_dir():
         raise SweepError(f"--results {str(results)!r} is not a directory")
-    for b in backends:
+    for b in chosen:
         if not (cli.REPO / SCRIPTS[b]).is_file():
             raise SweepError(f"{cli.REPO / SCRIPTS[b]} is missing")
     runs = []
     for size in sizes:
-        for b in backends:
+        for b in chosen:
             name = f"{b}-n{size}"
             runs.append({
                 "backend": b,
@@ -177,11 +177,11 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "job_name": job.name,
         "job_hash": job.job_hash,
         "sizes": sizes,
-        "backends": backends,
+        "backends": chosen,
         "gres_per_node": a.gres_per_node,
         "hvd_launch": a.hvd_launch,
         "serial": a.serial,
-        "backend_args": {"native": [*a.backend_args, *a.native_args], "horovod": [*a.backend_args, *a.horovod_args]},
+        "backend_args": {b: [*a.backend_args, *vars(a)[f"{b}_args"]] for b in backends.names()},
     }
     return runs, header
 
@@ -393,7 +393,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="job override passed to every run (repeatable)")
     s.add_argument("--sizes", default="1,2,4,8", help="world sizes (GPUs = tasks), comma separated (default 1,2,4,8)")
-    s.add_argument("--backends", default="native,horovod", help="comma separated (default native,horovod)")
+    s.add_argument("--backends", default=",".join(backends.names()),
+                   help=f"comma separated (default {','.join(backends.names())})")
     s.add_argument("--results", required=True, help="sweep directory: results, logs and the manifest")
     s.add_argument("--gres-per-node", type=int, default=4,
                    help="GPUs per node (default 4): a size above it takes size/N whole nodes; 0 = no GPUs")
@@ -410,10 +411,9 @@ def parser() -> argparse.ArgumentParser:
                    help="extra sbatch option for every run, e.g. --sbatch-arg=--qos=normal (repeatable)")
     s.add_argument("--backend-arg", dest="backend_args", action="append", default=[], metavar="ARG",
                    help="extra flag for every backend process, e.g. --backend-arg=--threads=4 (repeatable)")
-    s.add_argument("--native-arg", dest="native_args", action="append", default=[], metavar="ARG",
-                   help="extra flag for the native runs only, e.g. --native-arg=--comm=nccl (repeatable)")
-    s.add_argument("--horovod-arg", dest="horovod_args", action="append", default=[], metavar="ARG",
-                   help="extra flag for the Horovod runs only, e.g. --horovod-arg=--fp16-allreduce (repeatable)")
+    for b in backends.names():  # --native-arg, --horovod-arg: one flag per registered backend
+        s.add_argument(f"--{b}-arg", dest=f"{b}_args", action="append", default=[], metavar="ARG",
+                       help=f"extra flag for the {b} runs only (repeatable), e.g. --{b}-arg=--threads=2")
     s.add_argument("--skip-data-check", action="store_true", help="do not check the job's data files here")
     s.add_argument("--dry-run", action="store_true", help="print the sbatch commands; submit and write nothing")
     st = sub.add_parser("status", help="which runs finished, failed or are pending")

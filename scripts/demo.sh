@@ -3,13 +3,14 @@
 # Each run's full output goes to $OUT/logs/; on failure its tail is shown.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=.venv/bin/python
+VENV=${VENV:-.venv}  # the environment to run: .venv (TensorFlow 2.21) or .venv-tf2.18 (the fallback)
+PY=$VENV/bin/python
 JOB=${JOB:-jobs/smoke.toml}
 OUT=${OUT:-demo-results}
 MODE=${MODE:-fit}
 STEPS=${STEPS:-200}  # smoke.toml's 12 steps test correctness; 200 (10 untimed) give the timing something to average
 REPEATS=${REPEATS:-3}  # runs per backend x world size: three is the fewest that gives the report an interval
-export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/.venv/bin:$PATH"
+export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/$VENV/bin:$PATH"
 for v in REPEATS STEPS; do
   case ${!v} in ''|*[!0-9]*|0) echo "demo: $v must be a positive integer, got '${!v}'" >&2; exit 2 ;; esac
 done
@@ -32,26 +33,31 @@ run() {
 }
 COMMON=(--job "$JOB" --set mode="$MODE" --set steps="$STEPS" --set timing_warmup_steps=10 --results "$OUT")
 echo "twinbench demo: $JOB, mode $MODE, $STEPS steps, $REPEATS repeat(s), results in $OUT/ (one run at a time: concurrent runs would measure each other)"
+# One cell = one backend at one world size, started by the backend's own local launcher (python -m backends).
 cell() {
-  case $1 in
-    native-1) run "$1$2" $PY -m backends.native "${COMMON[@]}" ;;
-    native-2) run "$1$2" $PY -m backends.native --nproc 2 "${COMMON[@]}" ;;
-    horovod-1) run "$1$2" horovodrun -np 1 -H localhost:1 --gloo $PY -m backends.horovod "${COMMON[@]}" ;;
-    horovod-2) run "$1$2" horovodrun -np 2 -H localhost:2 --gloo $PY -m backends.horovod "${COMMON[@]}" ;;
-  esac
+  local backend=$1 n=$2 tag=$3 cmd
+  mapfile -t cmd < <($PY -m backends command "$backend" "$n" "${COMMON[@]}")
+  run "$backend-$n$tag" "${cmd[@]}"
 }
+mapfile -t BACKENDS < <($PY -m backends names)
+CELLS=()
+for n in 1 2; do for b in "${BACKENDS[@]}"; do CELLS+=("$b $n"); done; done
 # Repeats give the report its 95% intervals; cells are interleaved, in reverse order every other repeat, so that a
 # drift of the machine (another job, thermal) hits both backends alike instead of one backend's block of runs.
-CELLS=(native-1 horovod-1 native-2 horovod-2)
 for ((r = 1; r <= REPEATS; r++)); do
-  order=("${CELLS[@]}")
-  if ((r % 2 == 0)); then order=(horovod-2 native-2 horovod-1 native-1); fi
-  for c in "${order[@]}"; do cell "$c" "$( ((REPEATS > 1)) && echo "-r$r" || true)"; done
+  tag=$( ((REPEATS > 1)) && echo "-r$r" || true)
+  for ((i = 0; i < ${#CELLS[@]}; i++)); do
+    j=$(( r % 2 == 0 ? ${#CELLS[@]} - 1 - i : i ))
+    read -r b n <<< "${CELLS[$j]}"
+    cell "$b" "$n" "$tag"
+  done
 done
 # allreduce microbenchmark at 2 ranks (small sizes on a CPU): feeds the report's scaling model
 BENCH=(--bench allreduce --sizes "${SIZES:-4K,64K,1M,4M}" --iters 10 --results "$OUT")
-run allreduce-native-2 $PY -m backends.native --nproc 2 "${BENCH[@]}"
-run allreduce-horovod-2 horovodrun -np 2 -H localhost:2 --gloo $PY -m backends.horovod "${BENCH[@]}"
+for b in "${BACKENDS[@]}"; do
+  mapfile -t cmd < <($PY -m backends command "$b" 2 "${BENCH[@]}")
+  run "allreduce-$b-2" "${cmd[@]}"
+done
 echo
 $PY -m common.report "$OUT" --out "$OUT/report"
 echo "plots and the full report (scaling model included): $OUT/report/"

@@ -1,75 +1,187 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything twinbench needs on a Debian/Ubuntu machine (or CI):
-#   system OpenMPI (for Horovod's MPI controller and mpirun), a .venv in the repo root with
-#   tensorflow + tf-keras + horovod (built from its sdist, wheel cached outside the repo) + test tools.
-# Re-running it does nothing that is already done. Override the cache with TWINBENCH_CACHE.
+#   system OpenMPI (for Horovod's MPI controller and mpirun), a venv in the repo root with
+#   tensorflow + tf-keras + horovod (built from its sdist, patched for TF 2.19+, wheel cached outside the repo)
+#   + test tools. Re-running it does nothing that is already done.
+# Variables:
+#   TWINBENCH_TF=2.21      the default: requirements.txt, Horovod sdist + scripts/patches/horovod-0.28.1-tf2.19plus.patch
+#   TWINBENCH_TF=2.18      the fallback: requirements-tf2.18.txt, the unpatched Horovod sdist
+#   TWINBENCH_VENV=.venv   the venv; one holding another TensorFlow than the selected one is recreated
+#   TWINBENCH_CACHE        Horovod wheels (keyed by Horovod, TF and Python versions and the patches) and the sdist;
+#                          default ~/.cache/twinbench
+#   TWINBENCH_WITH_SLURM=1 also Debian's slurm-wlm and munge (tests/test_slurm.py)
+#   HOROVOD_GPU_OPERATIONS=NCCL (or any HOROVOD_GPU_* build variable): a GPU build; with TF 2.21 it also applies
+#                          scripts/patches/horovod-0.28.1-tf2.21-gpu.patch (not compiled on the development machine)
+# `scripts/setup.sh --horovod-only` builds and installs only Horovod (plus the build marker), into the Python
+# environment already active (`python` on PATH, or $PYTHON), e.g. the cluster's conda environment: no Debian
+# packages, no venv, no requirements. The environment's TensorFlow must be the selected one.
+# After installing Horovod it writes <environment>/twinbench-build.json (common/buildinfo.py), which
+# `python -m common.doctor` and the results JSONs' versions report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TF_VERSION=2.18.1          # last TF that Horovod 0.28.1 builds against (2.19+ fail in xla_mpi_ops.cc)
-TF_KERAS_VERSION=2.18.0    # legacy Keras 2, matching TF; Keras 3 breaks MWMS fit and Horovod averaging
-HOROVOD_VERSION=0.28.1     # last Horovod release
+HOROVOD_VERSION=0.28.1     # last Horovod release (common/buildinfo.py HOROVOD_VERSION says the same)
+HOROVOD_SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0  # PyPI's horovod-0.28.1.tar.gz
+TB_TF=${TWINBENCH_TF:-2.21}
+case "$TB_TF" in
+  2.21) REQUIREMENTS=requirements.txt
+        # 0.28.1 fails on TF 2.19+ only in xla_mpi_ops.cc's XLA includes, which CPU builds do not need
+        PATCHES=(scripts/patches/horovod-0.28.1-tf2.19plus.patch) ;;
+  2.18) REQUIREMENTS=requirements-tf2.18.txt
+        PATCHES=() ;;      # TF 2.18 is the last that the unpatched 0.28.1 sdist builds against
+  *) printf '[setup] TWINBENCH_TF must be 2.21 (default) or 2.18 (fallback), not "%s"\n' "$TB_TF" >&2; exit 2 ;;
+esac
+# The pins live in the requirements file (tests/test_environment.py checks it against environment.yml).
+TF_VERSION=$(sed -n 's/^tensorflow==\([0-9.]*\).*/\1/p' "$REQUIREMENTS")
 PY=${PYTHON:-python3}
 CACHE=${TWINBENCH_CACHE:-$HOME/.cache/twinbench}
-VENV=.venv
+VENV=${TWINBENCH_VENV:-.venv}
+HOROVOD_ONLY=0
+case "${1:-}" in
+  "") ;;
+  --horovod-only) HOROVOD_ONLY=1; PY=${PYTHON:-python} ;;
+  *) printf 'usage: %s [--horovod-only]\n' "$0" >&2; exit 2 ;;
+esac
+# Horovod build flags (TensorFlow, Gloo and MPI; the HOROVOD_GPU_* variables of the caller pass through).
+BUILD_ENV=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1
+           HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5)
+gpu_build=0
+for v in HOROVOD_GPU_OPERATIONS HOROVOD_GPU_ALLREDUCE HOROVOD_GPU_ALLGATHER HOROVOD_GPU_BROADCAST \
+         HOROVOD_GPU_ALLTOALL HOROVOD_GPU_REDUCESCATTER; do
+  if [ -n "${!v:-}" ]; then gpu_build=1; fi
+done
+if [ $gpu_build = 1 ] && [ ${#PATCHES[@]} -gt 0 ]; then
+  PATCHES+=(scripts/patches/horovod-0.28.1-tf2.21-gpu.patch)   # inside HAVE_GPU: TF 2.21's XLA and stream API
+fi
 
 log() { printf '[setup] %s\n' "$*"; }
 
-need_apt=()
-command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
-[ -e /usr/include/x86_64-linux-gnu/openmpi ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include ] \
-  || dpkg -s libopenmpi-dev >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
-command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
-command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
-if [ "${TWINBENCH_WITH_SLURM:-0}" = 1 ]; then
-  command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurm-wlm)
-  command -v munged >/dev/null 2>&1 || need_apt+=(munge)
-fi
-if [ ${#need_apt[@]} -gt 0 ]; then
-  log "installing Debian packages: ${need_apt[*]}"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  policy=/usr/sbin/policy-rc.d; made_policy=0
-  if [ "${TWINBENCH_WITH_SLURM:-0}" = 1 ] && [ ! -e "$policy" ]; then
-    # Keep the maintainer scripts from starting system munge/slurmctld/slurmd (init.d or systemd, which may be
-    # absent): the tests start their own, in a temporary directory (tests/slurm/start_cluster.sh).
-    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod 755 "$policy" && made_policy=1
+if [ $HOROVOD_ONLY = 0 ]; then
+  need_apt=()
+  command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+  [ -e /usr/include/x86_64-linux-gnu/openmpi ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include ] \
+    || dpkg -s libopenmpi-dev >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
+  command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+  command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+  command -v patch >/dev/null 2>&1 || need_apt+=(patch)
+  if [ "${TWINBENCH_WITH_SLURM:-0}" = 1 ]; then
+    command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurm-wlm)
+    command -v munged >/dev/null 2>&1 || need_apt+=(munge)
   fi
-  apt_status=0
-  $SUDO apt-get update -qq || apt_status=$?
-  [ $apt_status != 0 ] || $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null \
-    || apt_status=$?
-  if [ $made_policy = 1 ]; then $SUDO rm -f "$policy"; fi
-  [ $apt_status = 0 ] || { log "apt-get failed (status $apt_status)"; exit $apt_status; }
+  if [ ${#need_apt[@]} -gt 0 ]; then
+    log "installing Debian packages: ${need_apt[*]}"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    policy=/usr/sbin/policy-rc.d; made_policy=0
+    if [ "${TWINBENCH_WITH_SLURM:-0}" = 1 ] && [ ! -e "$policy" ]; then
+      # Keep the maintainer scripts from starting system munge/slurmctld/slurmd (init.d or systemd, which may be
+      # absent): the tests start their own, in a temporary directory (tests/slurm/start_cluster.sh).
+      printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod 755 "$policy" && made_policy=1
+    fi
+    apt_status=0
+    $SUDO apt-get update -qq || apt_status=$?
+    [ $apt_status != 0 ] || $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null \
+      || apt_status=$?
+    if [ $made_policy = 1 ]; then $SUDO rm -f "$policy"; fi
+    [ $apt_status = 0 ] || { log "apt-get failed (status $apt_status)"; exit $apt_status; }
+  fi
+
+  # A venv holding another TensorFlow than the selected one is recreated: upgrading TF in place would leave the
+  # other version's dependencies behind, and its Horovod is compiled against the old TF.
+  if [ -x "$VENV/bin/python" ]; then
+    have_tf=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("tensorflow"))' 2>/dev/null || true)
+    if [ -n "$have_tf" ] && [ "$have_tf" != "$TF_VERSION" ]; then
+      if [ ! -f "$VENV/pyvenv.cfg" ]; then
+        log "$VENV has tensorflow $have_tf, not $TF_VERSION, and is no venv (no pyvenv.cfg): not touching it"
+        exit 1
+      fi
+      log "$VENV has tensorflow $have_tf, not $TF_VERSION (TWINBENCH_TF=$TB_TF): recreating it"
+      rm -rf -- "$VENV"
+    fi
+  fi
+  if [ ! -x "$VENV/bin/python" ]; then
+    log "creating $VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  VPY="$VENV/bin/python"
+  "$VPY" -m pip install -q --upgrade pip >/dev/null
+
+  # Python packages (pinned where it matters for parity; see environment.yml for the cluster twin).
+  "$VPY" -m pip install -q -r "$REQUIREMENTS"
+else
+  VPY=$(command -v "$PY") || { log "no $PY on PATH: activate the environment first (or set PYTHON)"; exit 1; }
+  command -v patch >/dev/null 2>&1 || [ ${#PATCHES[@]} = 0 ] || { log "patch(1) is needed to patch the Horovod sdist"; exit 1; }
+  have_tf=$("$VPY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))' 2>/dev/null || true)
+  if [ "$have_tf" != "$TF_VERSION" ]; then
+    log "$VPY has tensorflow ${have_tf:-(none)}, not $TF_VERSION (TWINBENCH_TF=$TB_TF, $REQUIREMENTS)"
+    exit 1
+  fi
 fi
 
-if [ ! -x "$VENV/bin/python" ]; then
-  log "creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
-VPY="$VENV/bin/python"
-"$VPY" -m pip install -q --upgrade pip >/dev/null
+# Horovod: compiled against the installed TF, so the cached wheel is keyed by the Horovod, TF and Python versions,
+# the sha256 of the patches applied, and GPU or not.
+pytag=$("$VPY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+patch_ids=()
+patch_args=()
+for p in "${PATCHES[@]}"; do
+  patch_ids+=("$(sha256sum "$p" | cut -c1-12)")
+  patch_args+=(--patch "$p")
+done
+build_id="horovod-$HOROVOD_VERSION-tf$TF_VERSION-$pytag"
+if [ ${#patch_ids[@]} -gt 0 ]; then build_id+="-p$(IFS=-; echo "${patch_ids[*]}")"; fi
+if [ $gpu_build = 1 ]; then build_id+="-gpu"; fi
+wheeldir="$CACHE/$build_id"
 
-# Python packages (pinned where it matters for parity; see environment.yml for the cluster twin).
-"$VPY" -m pip install -q -r requirements.txt
-
-# Horovod: compiled against the installed TF, so the cached wheel is keyed by TF and Python versions.
-if ! "$VPY" -c "import horovod.tensorflow" >/dev/null 2>&1; then
-  pytag=$("$VPY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-  wheeldir="$CACHE/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$pytag"
+if "$VPY" -m common.buildinfo check "$build_id" >/dev/null 2>&1 && "$VPY" -c "import horovod.tensorflow" >/dev/null 2>&1
+then
+  log "horovod $HOROVOD_VERSION already built as $build_id"
+else
+  if [ $gpu_build = 1 ]; then
+    # TensorFlow 2.21's XLA headers (compiled in GPU builds only) include HighwayHash and FarmHash relative to
+    # their external repositories, which the wheel ships but tf.sysconfig does not report (as conda-forge does).
+    tfinc=$("$VPY" -c 'import importlib.util as u; print(u.find_spec("tensorflow").submodule_search_locations[0])')/include
+    extra=""
+    for d in "$tfinc/external/highwayhash" "$tfinc/external/farmhash_archive/src"; do
+      if [ -d "$d" ]; then extra+=" -I$d"; fi
+    done
+    if [ -n "$extra" ]; then BUILD_ENV+=("CXXFLAGS=${CXXFLAGS:-}$extra"); fi
+  fi
   if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
-    log "building horovod $HOROVOD_VERSION from source (3-5 min on 2 cores) into $wheeldir"
-    mkdir -p "$wheeldir.tmp"
-    # --no-build-isolation: the sdist has no pyproject and must see the venv's TensorFlow.
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-    CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
-      "$VPY" -m pip wheel -q --no-build-isolation --no-deps -w "$wheeldir.tmp" "horovod==$HOROVOD_VERSION"
+    sdist="$CACHE/sdist/horovod-$HOROVOD_VERSION.tar.gz"
+    if [ ! -f "$sdist" ]; then
+      mkdir -p "$CACHE/sdist"
+      "$VPY" -m pip download -q --no-deps --no-binary :all: -d "$CACHE/sdist" "horovod==$HOROVOD_VERSION"
+    fi
+    if ! echo "$HOROVOD_SDIST_SHA256  $sdist" | sha256sum -c --quiet - >/dev/null 2>&1; then
+      log "$sdist is not PyPI's horovod $HOROVOD_VERSION sdist (sha256 differs): remove it and re-run"
+      exit 1
+    fi
+    src=$(mktemp -d "${TMPDIR:-/tmp}/twinbench-horovod.XXXXXX")
+    trap 'rm -rf "$src"' EXIT
+    tar xzf "$sdist" -C "$src"
+    srcdir="$src/horovod-$HOROVOD_VERSION"
+    for p in "${PATCHES[@]}"; do
+      log "patching the horovod sdist: $p"
+      patch -d "$srcdir" -p1 --batch --forward --silent <"$p" || { log "$p does not apply"; exit 1; }
+    done
+    log "building horovod $HOROVOD_VERSION from its sdist (2-5 min on 2 cores) into $wheeldir"
+    rm -rf "$wheeldir.tmp"; mkdir -p "$wheeldir.tmp"
+    # --no-build-isolation: the sdist has no pyproject and must see the environment's TensorFlow.
+    env "${BUILD_ENV[@]}" MAKEFLAGS="-j$(nproc)" \
+      "$VPY" -m pip wheel -q --no-build-isolation --no-deps -w "$wheeldir.tmp" "$srcdir"
     rm -rf "$wheeldir"; mv "$wheeldir.tmp" "$wheeldir"   # only a finished build lands in the cache
+    rm -rf "$src"; trap - EXIT
   else
     log "using cached horovod wheel in $wheeldir"
   fi
-  "$VPY" -m pip install -q --no-deps "$wheeldir"/horovod-*.whl
+  whl=$(ls "$wheeldir"/horovod-*.whl | head -n 1)
+  # --force-reinstall: an installed horovod of the same version may be one built against another TF or patch.
+  "$VPY" -m pip install -q --no-deps --force-reinstall "$whl"
   # horovod's own runtime deps (not pulled with --no-deps)
   "$VPY" -m pip install -q cloudpickle psutil pyyaml packaging cffi
+  env "${BUILD_ENV[@]}" "$VPY" -m common.buildinfo write --build-id "$build_id" "${patch_args[@]}" --wheel "$whl" \
+    --sdist-sha256 "$HOROVOD_SDIST_SHA256" >/dev/null
 fi
-log "ok: $("$VPY" -c 'import tensorflow as tf, horovod; print("tensorflow", tf.__version__, "horovod", horovod.__version__)' 2>/dev/null)"
+log "ok: $("$VPY" -c 'import tensorflow as tf, tf_keras, horovod
+print("tensorflow", tf.__version__, "tf-keras", tf_keras.__version__, "horovod", horovod.__version__)' 2>/dev/null)," \
+  "horovod patch: $("$VPY" -c 'from common import buildinfo; print(buildinfo.horovod_patch_description())')" \
+  "($( [ $HOROVOD_ONLY = 1 ] && echo "$VPY" || echo "$VENV"), TWINBENCH_TF=$TB_TF)"

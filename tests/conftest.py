@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+import backends
+
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BIN = Path(PY).parent
@@ -43,16 +45,10 @@ def run(cmd: list[str], *, timeout: int = RUN_TIMEOUT, env: dict[str, str] | Non
     return proc
 
 
-def native_cmd(results: Path, *extra: str, nproc: int = 1, job: str = SMOKE) -> list[str]:
-    return [PY, "-m", "backends.native", "--nproc", str(nproc), "--job", job, "--results", str(results),
-            "--quiet", *extra]
-
-
-def horovod_cmd(results: Path, *extra: str, np_: int = 2, job: str = SMOKE) -> list[str]:
-    body = [PY, "-m", "backends.horovod", "--job", job, "--results", str(results), "--quiet", *extra]
-    if np_ == 1:
-        return body  # hvd.init() with no launcher is a world of one
-    return [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *body]
+def backend_cmd(kind: str, results: Path, *extra: str, workers: int = 2, job: str = SMOKE) -> list[str]:
+    """``workers`` local ranks of backend ``kind`` (its own launcher: --nproc, horovodrun) on ``job``."""
+    args = ["--job", job, "--results", str(results), "--quiet", *extra]
+    return backends.load(kind).local_command(workers, args, python=PY)
 
 
 def only_result(results: Path) -> dict[str, Any]:
@@ -80,24 +76,11 @@ def runner(tmp_path_factory: pytest.TempPathFactory):
         key = (kind, str(workers), *extra)
         if key not in cache:
             out = tmp_path_factory.mktemp(f"{kind}{workers}")
-            cmd = native_cmd(out, *extra, nproc=workers) if kind == "native" else horovod_cmd(out, *extra, np_=workers)
-            run(cmd)
+            run(backend_cmd(kind, out, *extra, workers=workers))
             cache[key] = only_result(out)
         return cache[key]
 
     return go
-
-
-def free_port_pair() -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(2)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def env_with_broken_horovod(tmp_path: Path, why: str) -> dict[str, str]:

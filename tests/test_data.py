@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common import data
+from common import data, datasets
 from common.data import DataError
-from common.job import Job
+from common.job import Job, JobError
 
 # Small synthetic set for the sharding tests: 100 samples do not fill the last global batch of 12 (8 steps of 12
 # per epoch, 4 samples dropped), so the drop rule is exercised too.
@@ -429,3 +429,39 @@ def test_start_step_resumes_the_stream_exactly():
     tf.keras.utils.set_random_seed(job.seed)
     resumed = [y.numpy().tolist() for _, y in data.make_train_dataset(job, 8, 1, 2, start_step=7).take(6)]
     assert resumed == full[7:13]  # crosses the epoch boundary at step 5 and 10
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the registry: a dataset is one entry in common.datasets
+# ----------------------------------------------------------------------------------------------------------------
+def test_a_dataset_registered_in_datasets_alone_is_a_valid_job_dataset():
+    x, y = unique_images(30, (4, 4, 1), seed=2), (np.arange(30) % 3).astype(np.int32)
+    datasets.register(datasets.DatasetSpec("toy_arrays", "30 fixed 4x4 images (test only)",
+                                           info=lambda job: (30, (4, 4, 1), 3), load=lambda job: (x, y),
+                                           needs_data_dir=False))
+    try:
+        job = Job(dataset="toy_arrays", seed=3)  # job validation knows it: nothing else was edited
+        assert Job(dataset="toy_arrays", seed=3, image_shape=(8, 8, 1)).job_hash == job.job_hash  # not read
+        assert data.dataset_info(job) == (30, (4, 4, 1), 3)
+        raw, labels = data.load_arrays(job, scaled=False)
+        assert raw is x and labels is y
+        got = global_batches(job, G, 2, 1, 3)
+        for (gx, gy), (rx, ry) in zip(got, reference_batches(job, G, 3), strict=True):
+            np.testing.assert_array_equal(gx, rx)
+            np.testing.assert_array_equal(gy, ry)
+        with pytest.raises(ValueError, match="already registered"):
+            datasets.register(datasets.DatasetSpec("toy_arrays", "again", info=lambda job: (1, (1, 1, 1), 2),
+                                                   load=lambda job: (x, y)))
+    finally:
+        del datasets.DATASETS["toy_arrays"]
+    with pytest.raises(JobError, match="unknown dataset 'toy_arrays'"):
+        Job(dataset="toy_arrays")
+    with pytest.raises(ValueError, match="exactly one of load= and files="):
+        datasets.register(datasets.DatasetSpec("toy_none", "neither", info=lambda job: (1, (1, 1, 1), 2)))
+    assert "toy_none" not in datasets.DATASETS
+
+
+@pytest.mark.parametrize("name", [name for name, spec in datasets.DATASETS.items() if spec.load is None])
+def test_load_arrays_refuses_datasets_decoded_in_the_pipeline(name, tmp_path):
+    with pytest.raises(DataError, match="decoded in the tf.data pipeline"):
+        data.load_arrays(Job(dataset=name, data_dir=str(tmp_path)))

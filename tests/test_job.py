@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from common.job import FIELDS, Job, JobError, job_from_dict, load_job
+from common.datasets import DATASETS
+from common.job import FIELDS, OPTIONAL_KEYS, Job, JobError, job_from_dict, load_job
+from common.models import MODELS, ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent
 JOB_FILES = sorted((REPO / "jobs").glob("*.toml"))
@@ -108,3 +110,60 @@ def test_readme_documents_every_job_key():
     readme = (REPO / "README.md").read_text()
     for key in FIELDS:
         assert f"| `{key}` [" in readme, f"README's job key table misses {key}"
+
+
+# Hashes of jobs built by the code before the model / dataset registries: results JSONs already on disk carry
+# these, so job_hash must never change for them.
+@pytest.mark.parametrize("kw, expected", [
+    ({}, "3f1795dc262cef52"),
+    ({"model": "resnet56", "dataset": "cifar10", "data_dir": "x", "optimizer": "momentum"}, "2798b12e72cbf8e2"),
+    ({"model": "small_cnn", "dataset": "image_folder", "data_dir": "x"}, "bccac037c0e035fe"),
+    ({"model": "ResNet50", "dataset": "fashion_mnist", "data_dir": "x"}, "28233c3b517e5fa7"),
+])
+def test_hash_is_stable(kw, expected):
+    assert Job(**kw).job_hash == expected
+
+
+# The registries are the only list of models and datasets: each entry must make a valid job on its own.
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_registered_model_is_valid_in_a_job(name):
+    job = Job(model=name)
+    assert job.model == name and len(job.job_hash) == 16
+
+
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_every_registered_dataset_is_valid_in_a_job(name):
+    job = Job(dataset=name, data_dir="some/dir")
+    assert job.dataset == name and len(job.job_hash) == 16
+    if DATASETS[name].needs_data_dir:
+        with pytest.raises(JobError, match=f"dataset {name!r} needs data_dir"):
+            Job(dataset=name)
+    else:
+        assert Job(dataset=name).data_dir == ""
+
+
+def test_unknown_names_list_the_registries():
+    with pytest.raises(JobError) as e:
+        Job(model="nosuchmodel")
+    assert f"use one of {', '.join(MODELS)} or a tf.keras.applications name" in str(e.value)
+    with pytest.raises(JobError) as e:
+        Job(dataset="nosuchdata")
+    assert str(e.value).endswith(f"use one of {', '.join(DATASETS)}")
+
+
+def test_registry_job_fields_are_job_keys_and_hashed_only_when_read():
+    specs = [*MODELS.values(), *DATASETS.values()]
+    assert all(spec.description and "\n" not in spec.description for spec in specs)
+    declared = {key for spec in specs for key in spec.job_fields}
+    assert declared <= set(FIELDS)
+    assert set(OPTIONAL_KEYS) <= declared  # an optional key nobody reads would never be hashed
+    other_values = {"mlp_hidden": (3,), "image_shape": (8, 8, 3), "num_classes": 5, "synthetic_samples": 7}
+    default = Job()
+    for spec in specs:
+        if isinstance(spec, ModelSpec):  # with the default dataset, which reads some keys too
+            kw, other = {"model": spec.name}, DATASETS[default.dataset]
+        else:
+            kw, other = {"dataset": spec.name, "data_dir": "d"}, MODELS[default.model]
+        for key in OPTIONAL_KEYS:
+            changed = Job(**kw, **{key: other_values[key]}).job_hash != Job(**kw).job_hash
+            assert changed == (key in spec.job_fields or key in other.job_fields), (spec.name, key)

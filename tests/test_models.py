@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from common import data, models
-from common.job import Job
+from common.job import Job, JobError
 from common.models import ModelError
 
 
@@ -36,6 +36,30 @@ def mixed_precision():
 
 def test_model_names():
     assert models.model_names() == ["mlp", "small_cnn", "resnet20", "resnet56"]
+
+
+def test_a_model_registered_in_models_alone_is_a_valid_buildable_job_model():
+    @models.register("toy_linear", "Flatten + one Dense (test only)")
+    def _toy(tf, job, input_shape, num_classes, reg):
+        inputs = tf.keras.Input(shape=input_shape, name="images")
+        x = tf.keras.layers.Dense(num_classes, kernel_regularizer=reg)(tf.keras.layers.Flatten()(inputs))
+        return tf.keras.Model(inputs, models._logits(tf, x), name="toy_linear")
+
+    try:
+        assert models.model_names()[-1] == "toy_linear"
+        job = Job(model="toy_linear")  # job validation knows it: nothing else was edited
+        assert Job(model="toy_linear", mlp_hidden=(3,)).job_hash == job.job_hash  # it reads no mlp_hidden
+        model = build(model="toy_linear", num_classes=3, weight_decay=1e-3)
+        assert model.count_params() == 784 * 3 + 3 and len(model.losses) == 1
+        assert model(np.zeros((2, 28, 28, 1), np.float32)).shape == (2, 3)
+        with pytest.raises(ValueError, match="already registered"):
+            models.register("toy_linear", "again")(_toy)
+        with pytest.raises(ValueError, match="lower case"):
+            models.register("ToyNet", "would shadow tf.keras.applications names")(_toy)
+    finally:
+        del models.MODELS["toy_linear"]
+    with pytest.raises(JobError, match="unknown model 'toy_linear'"):
+        Job(model="toy_linear")
 
 
 def test_mlp_shape_params_and_logits():

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, PY, REPO, SMOKE, base_env, first_divergence, free_port_pair, only_result, run
+from common.localcluster import loopback_workers, tf_config
+from tests.conftest import BIN, PY, REPO, SMOKE, base_env, first_divergence, only_result, run
 
 pytestmark = pytest.mark.distributed
 EXIT_PREEMPTED = 75
@@ -124,12 +125,11 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("mode", ["ctl", "fit"])
 def test_native_dead_worker_stops_the_other_by_watchdog(tmp_path, mode):
     """No launcher to rescue it: two TF_CONFIG workers, one killed; the survivor's watchdog must end it."""
-    ports = free_port_pair()
-    workers = [f"127.0.0.1:{p}" for p in ports]
+    workers = loopback_workers(2)
     procs = []
     for i in range(2):
         env = base_env()
-        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+        env["TF_CONFIG"] = tf_config(workers, i)
         env["TWINBENCH_LOCAL_SIZE"] = "2"
         procs.append(subprocess.Popen(
             [PY, "-m", "backends.native", "--job", SMOKE, "--set", "steps=100000", "--set", f"mode={mode}",

@@ -370,3 +370,76 @@ def test_cli_subprocess_does_not_import_tensorflow(results: Path, tmp_path: Path
 def test_median_helper_matches_statistics() -> None:
     vals = [3.0, 1.0, 2.0, 10.0]
     assert report._median(vals) == statistics.median(vals) == 2.5
+
+
+# --------------------------------------------------------------------------------------------------------
+# software versions: runs of one comparison must agree (python, tensorflow, tf_keras, horovod, horovod_patch)
+def mixed_versions(tmp_path: Path) -> Path:
+    d = tmp_path / "mixed-versions"
+    put(d, make_run("native", 1, 100.0))  # python 3.11.9, tensorflow 2.18.1, no horovod (native never imports it)
+    put(d, make_run("horovod", 1, 105.0, versions={"python": "3.11.9", "tensorflow": "2.21.0", "horovod": "0.28.1",
+                                                   "numpy": "2.0"}))
+    return d
+
+
+def test_mixed_versions_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = mixed_versions(tmp_path)
+    out = tmp_path / "out"
+    assert report.main([str(d), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"report: error: runs of job 'small' ({JOB_A.job_hash}) mix versions: tensorflow 2.18.1 vs 2.21.0; "
+        "pass --allow-mixed-versions to compare them anyway"]  # numpy and a horovod only horovod runs record: no
+    assert captured.out == ""
+    assert not out.exists() and not (d / "report").exists()  # nothing written
+
+
+def test_allow_mixed_versions_warns_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = mixed_versions(tmp_path)
+    out = tmp_path / "out"
+    assert report.main([str(d), "--out", str(out), "--allow-mixed-versions", "--no-plots", "-q"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("report: warning: runs of job 'small'")
+    assert "mix versions: tensorflow 2.18.1 vs 2.21.0" in err[0] and "--allow-mixed-versions" in err[0]
+    md = (out / "report.md").read_text()
+    mix = [line for line in md.splitlines() if "Mixed software versions" in line]
+    assert len(mix) == 1 and "tensorflow 2.18.1 vs 2.21.0" in mix[0]
+    assert (out / "report.csv").is_file()
+
+
+def test_version_mix_rules() -> None:
+    def run(backend: str, **versions: str) -> dict[str, Any]:
+        return {"backend": backend, "versions": versions}
+
+    same = {"python": "3.11.9", "tensorflow": "2.18.1"}
+    assert report.version_mix([run("native", **same, numpy="1.26"), run("native", **same, numpy="2.0")]) == []
+    # a key one run of a backend lacks is "unknown"; a key no run records is no difference
+    assert report.version_mix([run("horovod", **same, horovod="0.28.1", horovod_patch="p1"),
+                               run("horovod", **same, horovod="0.28.1")]) == ["horovod_patch p1 vs unknown"]
+    assert report.version_mix([run("native", **same), {"backend": "native"}]) == [
+        "python 3.11.9 vs unknown", "tensorflow 2.18.1 vs unknown"]
+    assert report.version_mix([run("native", **same), run("horovod", python="3.11.9", tensorflow="2.9.0",
+                                                          tf_keras="2.9.0")]) == ["tensorflow 2.9.0 vs 2.18.1"]
+
+
+def test_required_fields_come_from_run_record(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from common import results
+
+    assert not hasattr(report, "REQUIRED")  # no second list: the report asks RunRecord
+    assert list(results.REQUIRED) == ["schema", "kind", "backend", "world_size", "num_workers", "job_hash", "job",
+                                      "images_per_sec", "step_time", "time_to_first_step"]  # as before RunRecord
+    d = tmp_path / "r"
+    put(d, make_run("native", 1, 100.0, run_id="complete"))
+    for name in results.REQUIRED:
+        rec = make_run("native", 1, 100.0, run_id=f"without-{name}")
+        del rec[name]
+        put(d, rec, f"without-{name}.json")
+    capsys.readouterr()
+    assert [r["run_id"] for r in report.load_runs(d)] == ["complete"]
+    err = capsys.readouterr().err
+    for name in results.REQUIRED:
+        assert f"without-{name}.json: missing field {name!r}" in err
+    # a field RunRecord starts requiring is required by the report at once
+    monkeypatch.setitem(results.REQUIRED, "gradient_bytes", (int,))
+    assert report.load_runs(d, warn=lambda _m: None) == []

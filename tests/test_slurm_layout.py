@@ -82,7 +82,7 @@ def test_step_workers_refuses_a_layout_that_is_not_this_tasks(env, needle):
 def test_native_backend_uses_slurms_order_where_tensorflow_sorts_names(monkeypatch, capsys):
     """n9 and n10, one task each: Slurm gives rank 0 to n9; SlurmClusterResolver sorts "n10" < "n9"."""
     tf = pytest.importorskip("tensorflow")
-    from backends.native import NativeBackend, parser
+    from backends.native_cluster import slurm_resolver
 
     for k, v in {"SLURM_STEP_NODELIST": "n[9-10]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_NUM_TASKS": "2",
                  "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "n9"}.items():
@@ -91,8 +91,7 @@ def test_native_backend_uses_slurms_order_where_tensorflow_sorts_names(monkeypat
     slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(port_base=15000, gpus_per_node=1, gpus_per_task=1,
                                                                 auto_set_gpu=False)
     assert slurm.cluster_spec().as_dict()["worker"] == ["n10:15000", "n9:15000"]  # the bug this guards against
-    backend = NativeBackend(parser().parse_args(["--port-base", "15000"]))
-    resolver = backend._slurm_resolver(tf, 0)
+    resolver, source = slurm_resolver(tf, port_base=15000, gpus_per_node=-1, visible_gpus=0, prog="test")
     assert resolver.cluster_spec().as_dict()["worker"] == ["n9:15000", "n10:15000"]
-    assert resolver.task_id == 0 and backend.cluster_source == "slurm (twinbench layout)"
+    assert resolver.task_id == 0 and source == "slurm (twinbench layout)"
     assert "not Slurm's task layout" in capsys.readouterr().err

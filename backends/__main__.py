@@ -1,0 +1,29 @@
+"""``python -m backends names`` lists the registry; ``python -m backends command NAME N [ARG ...]`` prints, one
+argument per line, the command that starts N local ranks of backend NAME with those arguments (for shell scripts
+such as scripts/demo.sh, which must not spell backend names themselves)."""
+
+from __future__ import annotations
+
+import sys
+
+import backends
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["names"] and len(argv) == 1:
+        print("\n".join(backends.names()))
+        return 0
+    if argv[:1] == ["command"] and len(argv) >= 3 and argv[2].isdigit() and int(argv[2]) >= 1:
+        try:
+            module = backends.load(argv[1])
+        except ValueError as e:
+            print(f"backends: error: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(module.local_command(int(argv[2]), argv[3:])))
+        return 0
+    print("usage: python -m backends names | command NAME N [ARG ...]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,198 @@
+"""How this environment's Horovod was built: the marker ``scripts/setup.sh`` writes, and the pinned versions.
+
+``scripts/setup.sh`` builds Horovod from its sdist (patched for TensorFlow 2.19+, see ``scripts/patches/``) and then
+writes ``<sys.prefix>/twinbench-build.json`` (``python -m common.buildinfo write ...``): the TensorFlow, tf-keras and
+Horovod versions, the patch files applied with their sha256, the build flags, and the RECORD hash of Horovod's
+TensorFlow library, so that a Horovod reinstalled by other means is not mistaken for twinbench's build.
+``common.doctor`` and ``common.results.versions()`` read it; nothing here imports TensorFlow or Horovod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import functools
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+MARKER_NAME = "twinbench-build.json"
+HOROVOD_VERSION = "0.28.1"  # scripts/setup.sh builds this one (tests/test_environment.py checks they agree)
+REQUIREMENTS = "requirements.txt"  # the default set-up; requirements-tf*.txt are the fallbacks
+# environment variables that change what the Horovod build produces (recorded in the marker)
+BUILD_FLAG_PREFIXES = ("HOROVOD_WITH", "HOROVOD_GPU", "HOROVOD_CPU_OPERATIONS", "HOROVOD_NCCL", "HOROVOD_CUDA",
+                       "HOROVOD_ROCM", "HOROVOD_BUILD", "HOROVOD_DEBUG", "CMAKE_POLICY_VERSION_MINIMUM", "CXXFLAGS")
+NO_MARKER = "unknown (no twinbench build marker)"
+UNPATCHED = "none (unpatched sdist)"
+
+
+def marker_path(prefix: str | os.PathLike[str] | None = None) -> Path:
+    return Path(prefix if prefix is not None else sys.prefix) / MARKER_NAME
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _horovod_lib_record() -> dict[str, str] | None:
+    """Path and RECORD hash of the installed Horovod's TensorFlow op library (no hashing: pip wrote it)."""
+    try:
+        files = md.distribution("horovod").files or []
+    except md.PackageNotFoundError:
+        return None
+    for f in files:
+        name = str(f)
+        if name.startswith("horovod/tensorflow/mpi_lib") and name.endswith(".so"):
+            return {"path": name, "hash": f"{f.hash.mode}={f.hash.value}" if f.hash else ""}
+    return None
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _read_marker_file(path: Path) -> tuple[dict[str, Any] | None, str]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, "no marker"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable marker {path}: {e}"
+    if not isinstance(data, dict):
+        return None, f"unreadable marker {path}: not an object"
+    lib = _horovod_lib_record()
+    if lib is None or data.get("horovod_lib") != lib:
+        return None, "the installed Horovod is not the one the marker describes"
+    return data, ""
+
+
+@functools.lru_cache(maxsize=1)
+def read_marker() -> dict[str, Any] | None:
+    """The marker of this environment (``sys.prefix``) when it describes the Horovod installed now, else None."""
+    return _read_marker_file(marker_path())[0]
+
+
+def horovod_patch() -> str:
+    """For ``versions()``: the applied patches' short sha256 joined by '+', 'none' (unpatched) or 'unknown'."""
+    m = read_marker()
+    if m is None:
+        return "unknown"
+    return m.get("patch_id") or "none"
+
+
+def horovod_patch_description() -> str:
+    """For the doctor: which patch files were applied to the Horovod sdist, with their short sha256."""
+    m = read_marker()
+    if m is None:
+        path = marker_path()
+        return NO_MARKER if not path.exists() else f"unknown ({_read_marker_file(path)[1]})"
+    patches = m.get("patches") or []
+    if not patches:
+        return UNPATCHED
+    return ", ".join(f"{p.get('file')} (sha256 {str(p.get('sha256', ''))[:12]})" for p in patches)
+
+
+def read_pins(path: str | os.PathLike[str]) -> dict[str, str]:
+    """``name==version`` lines of a requirements file (comments and extras stripped)."""
+    pins = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, ver = line.split("==", 1)
+            pins[name.split("[")[0].strip()] = ver.strip()
+    return pins
+
+
+def requirements_files() -> list[Path]:
+    """The default requirements file first, then the fallbacks (requirements-tf*.txt)."""
+    return [REPO / REQUIREMENTS] + sorted(REPO.glob("requirements-tf*.txt"))
+
+
+def pins_for(tf_version: str | None = None) -> dict[str, str]:
+    """Pins of the requirements file whose TensorFlow matches ``tf_version``'s major.minor, else the default's."""
+    files = [p for p in requirements_files() if p.exists()]
+    if tf_version:
+        minor = ".".join(tf_version.split(".")[:2])
+        for p in files:
+            pins = read_pins(p)
+            if ".".join(pins.get("tensorflow", "").split(".")[:2]) == minor:
+                return pins
+    return read_pins(files[0]) if files else {}
+
+
+def _write(args: argparse.Namespace) -> int:
+    patches = [{"file": Path(p).name, "sha256": sha256_file(p)} for p in args.patch]
+    lib = _horovod_lib_record()
+    if lib is None:
+        print("buildinfo: horovod is not installed in this environment", file=sys.stderr)
+        return 1
+    flags = {k: v for k, v in sorted(os.environ.items()) if k.startswith(BUILD_FLAG_PREFIXES)}
+    data = {
+        "build_id": args.build_id,
+        "tensorflow": _installed("tensorflow"),
+        "tf_keras": _installed("tf-keras"),
+        "horovod": _installed("horovod"),
+        "python": sys.version.split()[0],
+        "patches": patches,
+        "patch_id": "+".join(p["sha256"][:12] for p in patches) or None,
+        "build_flags": flags,
+        "sdist_sha256": args.sdist_sha256,
+        "wheel": Path(args.wheel).name if args.wheel else None,
+        "wheel_sha256": sha256_file(args.wheel) if args.wheel else None,
+        "horovod_lib": lib,
+        "written_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    path = marker_path()
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    print(path)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    data, why = _read_marker_file(marker_path())
+    if data is None:
+        print(why)
+        return 1
+    if data.get("build_id") != args.build_id:
+        print(f"built as {data.get('build_id')}, wanted {args.build_id}")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m common.buildinfo", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write", help="write the marker for the Horovod just installed (scripts/setup.sh)")
+    w.add_argument("--build-id", required=True)
+    w.add_argument("--patch", action="append", default=[], help="a patch file applied (repeatable, in order)")
+    w.add_argument("--wheel", help="the wheel installed")
+    w.add_argument("--sdist-sha256")
+    c = sub.add_parser("check", help="exit 0 when the marker matches BUILD_ID and the installed Horovod")
+    c.add_argument("build_id")
+    sub.add_parser("show", help="print the marker and what the doctor would report")
+    args = p.parse_args(argv)
+    if args.cmd == "write":
+        return _write(args)
+    if args.cmd == "check":
+        return _check(args)
+    print(json.dumps({"marker": str(marker_path()), "horovod_patch": horovod_patch(),
+                      "description": horovod_patch_description(), "data": read_marker()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

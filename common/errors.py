@@ -1,0 +1,39 @@
+"""Exit statuses and the exceptions that carry them: the bottom module, importing nothing of the project.
+
+Everything that decides how a process ends (bad input, a lost peer, a preemption) is named here once, so the entry
+points, the runner, the training loop and the launchers agree without importing one another.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+EXIT_USAGE = 2  # bad input (config, flags, environment): one line on stderr, before TensorFlow where possible
+EXIT_PEER_LOST = 3  # a peer died or the job stalled: the run is lost, start it again
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a checkpoint was written, launch the same command again to resume
+
+
+class UsageError(Exception):
+    """Bad input; its message is the one line the user sees (exit ``EXIT_USAGE``)."""
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after writing a checkpoint; relaunching the same command resumes it."""
+
+
+class PeerLost(Exception):
+    """A collective failed because a peer rank no longer answers; ``peers`` names them (rank, host, pid)."""
+
+    def __init__(self, peers: list[dict[str, Any]], cause: BaseException) -> None:
+        self.peers = peers
+        self.who = ", ".join(f"rank {p['rank']} (host {p['host']}, pid {p['pid']})" for p in peers)
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+        self.detail = f"{type(cause).__name__}: {first}"  # the failed collective's own first line
+        super().__init__(f"lost {self.who}: it no longer answers ({self.detail})")
+
+
+def fail(prog: str, message: str) -> NoReturn:
+    """The one way bad input ends a process: ``PROG: error: MESSAGE`` on stderr, status 2."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_USAGE)

@@ -1,0 +1,76 @@
+"""The command line: ``python -m common.report RESULTS_DIR [options]`` (argparse, tables on stdout, exit status)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import backends
+from common.report.base import ReportError
+from common.report.build import Report, build_report
+from common.report.render import format_ratio_table, format_table
+
+
+def _parser() -> argparse.ArgumentParser:
+    num, den = backends.RATIO
+    p = argparse.ArgumentParser(
+        prog="python -m common.report",
+        description=f"Scaling report ({den} vs {num}) from a directory of twinbench results JSONs. Runs are "
+                    "grouped by job hash; different jobs are reported separately and never compared.",
+    )
+    p.add_argument("results_dir", type=Path, metavar="RESULTS_DIR",
+                   help="directory of results *.json (subdirectories one level deep are read too)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="output directory (default: RESULTS_DIR/report)")
+    sel = p.add_mutually_exclusive_group()
+    sel.add_argument("--job-hash", metavar="HASH", help="report only this job (a unique prefix is enough)")
+    sel.add_argument("--job", type=Path, metavar="TOML",
+                     help="report only the job this job file (plus --set overrides) defines")
+    sel.add_argument("--compare", nargs=2, metavar=("HASH1", "HASH2"),
+                     help="compare two job hashes; refused (exit 2) unless they are the same job")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="job override, with --job")
+    p.add_argument("--allow-mixed-versions", action="store_true",
+                   help="compare runs of one job made with different software versions (refused, exit 2, "
+                        "without it); the report states the mix")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the paths written, not the tables")
+    return p
+
+
+def _print_tables(rep: Report) -> None:
+    for s in rep.summaries:
+        print(f"## {s.name} ({s.job_hash})\n")
+        print(format_table(s) + "\n")
+        print(format_ratio_table(s) + "\n")
+        for n in s.notes:
+            print(f"- note: {n}")
+        if s.notes:
+            print()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (0 ok, 2 bad input or a refused comparison)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.set and args.job is None:
+        parser.error("--set only applies with --job")
+    try:
+        job = None
+        if args.job is not None:
+            from common.job import JobError, load_job
+
+            try:
+                job = load_job(args.job, args.set).to_dict()
+            except JobError as e:
+                raise ReportError(str(e)) from None
+        rep = build_report(args.results_dir, args.out, job_hash=args.job_hash, compare=args.compare, job=job,
+                           plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions)
+    except ReportError as e:
+        print(f"report: {e.prefix}{e}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        _print_tables(rep)
+    for p in rep.paths:
+        print(f"wrote {p}")
+    return 0

@@ -1,0 +1,119 @@
+"""The report's PNG plots (throughput, efficiency, allreduce bus bandwidth), drawn with matplotlib's Agg canvas
+(no pyplot, so no global backend is changed); matplotlib is imported only when a plot is drawn."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import backends
+from common.report.base import NA
+from common.report.stats import num
+from common.report.summary import JobSummary
+
+
+def backend_color(name: str, index: int) -> str:
+    """The registry's colour of a backend; a backend the registry does not know takes matplotlib's colour cycle
+    (``index``: its position among the backends drawn, offset past the cycle colours of the registry's)."""
+    if name in backends.names():
+        return backends.entry(name).color
+    return f"C{index + len(backends.names())}"
+
+
+def _new_figure() -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.4), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png_bytes(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _setup_x(ax: Any, sizes: Sequence[int]) -> None:
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    if sizes and max(sizes) / min(sizes) >= 8:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(sorted(sizes))
+    ax.set_xlabel("replicas (world size)")
+    ax.grid(True, alpha=0.3)
+
+
+def _throughput(s: JobSummary, colors: Mapping[str, str], sizes: Sequence[int], title: str) -> bytes:
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for b in s.backends:
+        rows = [r for r in s.rows if r.backend == b]
+        xs = [r.world_size for r in rows]
+        ax.plot(xs, [r.ips_median for r in rows], "o-", color=colors[b], label=f"{b} (median)")
+        for r in rows:
+            if r.ips_ci95 is not None:
+                ax.vlines(r.world_size, *r.ips_ci95, color=colors[b], alpha=0.6, linewidth=3)
+        base = next((r for r in rows if r.world_size == 1), None)
+        if base is not None:
+            xi = sorted({1, *xs})
+            ax.plot(xi, [base.ips_median * x for x in xi], "--", color=colors[b], alpha=0.7,
+                    label=f"{b} ideal (linear from 1 replica)")
+    _setup_x(ax, sizes)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("images / s (bars: 95% CI of mean)")
+    ax.set_title(f"throughput — {title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _png_bytes(fig)
+
+
+def _efficiency(s: JobSummary, colors: Mapping[str, str], sizes: Sequence[int], title: str) -> bytes:
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    drawn = False
+    for b in s.backends:
+        pts = [(r.world_size, 100 * r.efficiency) for r in s.rows if r.backend == b and r.efficiency is not None]
+        if pts:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", color=colors[b], label=b)
+            drawn = True
+    ax.axhline(100, linestyle="--", color="gray", label="ideal (100%)")
+    if not drawn:
+        ax.set_xlim(min(sizes) / 1.5, max(sizes) * 1.5)
+        ax.text(0.5, 0.5, f"no 1-replica baseline: efficiency {NA}", transform=ax.transAxes, ha="center")
+    _setup_x(ax, sizes)
+    ax.set_ylim(0, max([110.0] + [100 * r.efficiency * 1.05 for r in s.rows if r.efficiency is not None]))
+    ax.set_ylabel("scaling efficiency (%)")
+    ax.set_title(f"efficiency — {title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _png_bytes(fig)
+
+
+def plot_job(summary: JobSummary) -> dict[str, bytes]:
+    """PNG bytes of the throughput and efficiency plots, keyed by file name (named with the job hash)."""
+    s = summary
+    sizes = sorted({r.world_size for r in s.rows})
+    colors = {b: backend_color(b, i) for i, b in enumerate(s.backends)}
+    title = f"{s.name} ({s.job_hash})"
+    return {f"throughput_{s.job_hash}.png": _throughput(s, colors, sizes, title),
+            f"efficiency_{s.job_hash}.png": _efficiency(s, colors, sizes, title)}
+
+
+def plot_allreduce(benches: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
+    """PNG bytes of the allreduce bus bandwidth per message size, one line per benchmark."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for i, b in enumerate(benches):
+        rows = [r for r in b["rows"] if num(r.get("busbw_GBps")) is not None]
+        ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-",
+                color=backend_color(b["backend"], i), label=f"{b['backend']}, {b['world_size']} ranks")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("allreduce bus bandwidth (float32 sum)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return {"allreduce_busbw.png": _png_bytes(fig)}

@@ -1,0 +1,215 @@
+"""Rendering summaries as text: the Markdown tables and report.md sections, and report.csv."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from common.report.base import NA, NO_INTERVAL, fmt_value
+from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, Row, order_backends
+from common.report.versions import versions_by_key
+
+INTERVAL_METHOD = (
+    "95% interval = Student-t confidence interval of the mean images/s over repeats: "
+    "mean ± t(0.975, n−1) · s / √n with s the sample standard deviation (t quantiles tabulated, df > 30 by "
+    "Cornish-Fisher expansion); the centre column is the median, and a single repeat has no interval"
+)
+DEFINITIONS = (
+    "speedup = median images/s at N replicas / median images/s at 1 replica of the same backend; "
+    f"efficiency = throughput(N) / (N × throughput(1)); {RATIO_NUM}/{RATIO_DEN} = ratio of the two backends' median "
+    "images/s at the same world size; step times (p50, p95 over each run's timed steps) and time to first step "
+    "are medians over repeats; final loss = median over repeats of the last step's loss"
+)
+KEY_JOB_FIELDS = ("model", "dataset", "per_replica_batch_size", "steps", "epochs", "optimizer", "learning_rate",
+                  "lr_scaling", "mode", "mixed_precision", "xla", "seed")  # shown in each job's header
+TABLE_HEADER = ("backend", "replicas", "workers", "repeats", "img/s median", "img/s mean", "95% CI of mean",
+                "speedup", "efficiency", "step p50 (ms)", "step p95 (ms)", "first step (s)", "final loss")
+CSV_COLUMNS = (
+    "job_hash", "job_name", "backend", "world_size", "num_workers", "repeats", "global_batch_size",
+    "images_per_sec_median", "images_per_sec_mean", "images_per_sec_stdev", "images_per_sec_ci95_low",
+    "images_per_sec_ci95_high", "images_per_sec_min", "images_per_sec_max", "speedup", "efficiency",
+    f"{RATIO_NUM}_{RATIO_DEN}_ratio", "step_time_p50_s", "step_time_p95_s", "step_time_mean_s",
+    "time_to_first_step_s", "timed_wall_time_s", "final_loss",
+)
+
+
+def fmt_num(x: float | None, fmt: str, scale: float = 1.0, suffix: str = "") -> str:
+    """``x * scale`` formatted, plus ``suffix``; n/a for None."""
+    if x is None:
+        return NA
+    if math.isnan(x):
+        return "nan"
+    return f"{x * scale:{fmt}}{suffix}"
+
+
+def _ci_text(row: Row) -> str:
+    if row.ips_ci95 is None:
+        return NO_INTERVAL
+    lo, hi = row.ips_ci95
+    return f"[{lo:.1f}, {hi:.1f}]"
+
+
+def md_escape(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """A Markdown table (cells escaped)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def distinct(values: Iterable[str], limit: int = 12) -> str:
+    """The distinct values as code spans, in first-seen order, at most ``limit`` of them."""
+    seen = list(dict.fromkeys(values))
+    if not seen:
+        return NA
+    more = f", … and {len(seen) - limit} more" if len(seen) > limit else ""
+    return ", ".join(f"`{v}`" for v in seen[:limit]) + more
+
+
+def format_table(summary: JobSummary) -> str:
+    """The job's scaling table (one row per backend x world size) in Markdown."""
+    f = fmt_num
+    body = [[r.backend, str(r.world_size), str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f"),
+             f(r.ips_mean, ".1f"), _ci_text(r), f(r.speedup, ".2f", suffix="x"),
+             f(r.efficiency, ".1f", 100, "%"), f(r.step_p50, ".2f", 1e3), f(r.step_p95, ".2f", 1e3),
+             f(r.time_to_first_step, ".2f"), f(r.final_loss, ".4f")] for r in summary.rows]
+    return md_table(TABLE_HEADER, body)
+
+
+def format_ratio_table(summary: JobSummary) -> str:
+    """backends.RATIO median throughput (numerator / denominator) per world size in Markdown."""
+    header = ("replicas", f"{RATIO_DEN} img/s", f"{RATIO_NUM} img/s", f"{RATIO_NUM}/{RATIO_DEN}",
+              f"workers ({RATIO_DEN} / {RATIO_NUM})")
+    body = [[str(q.world_size), fmt_num(q.den_ips, ".1f"), fmt_num(q.num_ips, ".1f"), fmt_num(q.ratio, ".3f"),
+             f"{q.den_workers if q.den_workers is not None else NA} / "
+             f"{q.num_workers if q.num_workers is not None else NA}"] for q in summary.ratios]
+    return md_table(header, body)
+
+
+def _rank_strings(runs: Sequence[Mapping[str, Any]], key: str) -> list[str]:
+    out = []
+    for r in runs:
+        v = r.get(key)
+        if isinstance(v, list):
+            out += [str(x) for x in v]
+    return out
+
+
+def _head(s: JobSummary, h: str) -> list[str]:
+    """Title, key job fields, the version-mix line if any, and the two tables."""
+    lines = [f"{h} Job `{md_escape(s.name)}` — hash `{s.job_hash}`", ""]
+    key = [f"{k} = {fmt_value(s.job[k])}" for k in KEY_JOB_FIELDS if k in s.job]
+    if s.job.get("model") == "mlp" and "mlp_hidden" in s.job:
+        key.insert(1, f"mlp_hidden = {fmt_value(s.job['mlp_hidden'])}")
+    lines += [f"Key job fields: {', '.join(key)}.", "",
+              f"{len(s.runs)} runs; backends: {', '.join(s.backends)}.", ""]
+    if s.version_mix:
+        lines += [f"**Mixed software versions** (compared anyway, --allow-mixed-versions): "
+                  f"{md_escape('; '.join(s.version_mix))}.", ""]
+    return lines + [f"{h}# Scaling", "", format_table(s), "",
+                    f"{h}# {RATIO_NUM} / {RATIO_DEN} throughput", "", format_ratio_table(s), ""]
+
+
+def _environment(s: JobSummary, h: str) -> list[str]:
+    """Versions, hosts, devices, backend_info, run period and an example command per backend."""
+    runs = s.runs
+    lines = [f"{h}# Environment", ""]
+    parts = []
+    for k, vals in versions_by_key(runs).items():
+        if len(vals) == 1:
+            parts.append(f"{k} {next(iter(vals))}")
+        else:
+            parts.append(f"{k} DIFFERS: " + ", ".join(f"{v} ({', '.join(order_backends(bs))})"
+                                                      for v, bs in sorted(vals.items())))
+    lines.append(f"- versions: {'; '.join(parts) or NA}")
+    lines.append(f"- hosts: {distinct(_rank_strings(runs, 'hosts'))}")
+    lines.append(f"- devices: {distinct(_rank_strings(runs, 'devices'))}")
+    for b in s.backends:
+        infos = [json.dumps(r["backend_info"], sort_keys=True) for r in runs
+                 if r["backend"] == b and isinstance(r.get("backend_info"), dict)]
+        shown = [i if len(i) <= 300 else i[:297] + "..." for i in dict.fromkeys(infos)]
+        lines.append(f"- backend_info ({b}): {distinct(shown, limit=4)}")
+    starts = sorted(str(r["started_at"]) for r in runs if r.get("started_at"))
+    ends = sorted(str(r["finished_at"]) for r in runs if r.get("finished_at"))
+    if starts or ends:
+        lines.append(f"- runs from {starts[0] if starts else '?'} to {ends[-1] if ends else '?'}")
+    for b in s.backends:
+        cmd = next((r["command"] for r in runs if r["backend"] == b and isinstance(r.get("command"), list)), None)
+        if cmd:
+            lines.append(f"- example command ({b}): `{md_escape(shlex.join(str(c) for c in cmd))}`")
+    return lines + [""]
+
+
+def _run_files(s: JobSummary, results_dir: Path | None) -> list[str]:
+    """The collapsed list of run files, relative to the results directory."""
+    files = []
+    for r in sorted(s.runs, key=lambda r: (r["backend"], r["world_size"], str(r.get("_path")))):
+        p = Path(str(r.get("_path", "?")))
+        if results_dir is not None:
+            try:
+                p = p.relative_to(results_dir)
+            except ValueError:
+                pass
+        reps = f"{r['world_size']} replica{'' if r['world_size'] == 1 else 's'}"
+        files.append(f"- `{p}`: {r['backend']}, {reps}, {float(r['images_per_sec']):.1f} img/s")
+    return ["<details><summary>Run files</summary>", ""] + files + ["", "</details>", ""]
+
+
+def format_section(summary: JobSummary, *, level: int = 2, out_dir: Path | None = None,
+                   results_dir: Path | None = None, images: Sequence[Path] = ()) -> str:
+    """The full Markdown section for one job: header, key fields, tables, notes, plots and environment."""
+    s, h = summary, "#" * level
+    lines = _head(s, h)
+    if s.notes:
+        lines += [f"{h}# Notes", ""] + [f"- {md_escape(n)}" for n in s.notes] + [""]
+    if images:
+        lines += [f"{h}# Plots", ""]
+        lines += [f"![{p.stem}]({p.name})" for p in images] + [""]
+    lines += _environment(s, h)
+    lines += ["<details><summary>Full job definition</summary>", "", "```json",
+              json.dumps(s.job, indent=1, sort_keys=True), "```", "", "</details>", ""]
+    return "\n".join(lines + _run_files(s, results_dir))
+
+
+def format_markdown(summaries: Sequence[JobSummary], *, results_dir: Path | None = None,
+                    images: Mapping[str, Sequence[Path]] | None = None) -> str:
+    """The whole report.md: method, definitions, then one section per job."""
+    n_runs = sum(len(s.runs) for s in summaries)
+    lines = ["# twinbench scaling report", ""]
+    if results_dir is not None:
+        lines += [f"Results: `{results_dir}` — {n_runs} runs of {len(summaries)} job(s). Runs of different jobs "
+                  "(different job hash) are never compared with each other.", ""]
+    lines += [f"Method: {INTERVAL_METHOD}.", "", f"Definitions: {DEFINITIONS}.", ""]
+    for s in summaries:
+        lines.append(format_section(s, results_dir=results_dir, images=(images or {}).get(s.job_hash, ())))
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def format_csv(summaries: Sequence[JobSummary]) -> str:
+    """report.csv: one row per job x backend x world size; an empty cell means n/a."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+
+    def c(x: float | int | None) -> str:
+        return "" if x is None else repr(x)
+
+    for s in summaries:
+        for r in s.rows:
+            lo, hi = r.ips_ci95 if r.ips_ci95 else (None, None)
+            w.writerow([s.job_hash, s.name, r.backend, r.world_size, r.num_workers, r.repeats,
+                        c(r.global_batch_size), c(r.ips_median), c(r.ips_mean), c(r.ips_stdev), c(lo), c(hi),
+                        c(min(r.ips)), c(max(r.ips)), c(r.speedup), c(r.efficiency), c(r.ratio), c(r.step_p50),
+                        c(r.step_p95), c(r.step_mean), c(r.time_to_first_step), c(r.timed_wall_time),
+                        c(r.final_loss)])
+    return buf.getvalue()

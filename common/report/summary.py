@@ -1,0 +1,222 @@
+"""Summarizing runs: one JobSummary per job hash, with its rows (backend x world size), ratios and notes."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import backends
+from common.report.base import NA, NO_INTERVAL
+from common.report.stats import mean_ci95, median, num
+from common.report.versions import version_mix, versions_by_key
+
+RATIO_NUM, RATIO_DEN = backends.RATIO  # numerator and denominator of the throughput ratio
+
+
+@dataclass
+class Row:
+    """One backend x world size (x worker count) cell of a job's scaling table; None means n/a."""
+
+    backend: str
+    world_size: int  # replicas
+    num_workers: int  # processes
+    repeats: int
+    ips: list[float]  # images/s of every repeat
+    ips_median: float
+    ips_mean: float
+    ips_stdev: float | None  # None for n = 1
+    ips_ci95: tuple[float, float] | None  # None for n = 1
+    global_batch_size: int | None
+    step_p50: float | None  # seconds
+    step_p95: float | None  # seconds
+    step_mean: float | None  # seconds
+    time_to_first_step: float | None  # seconds
+    timed_wall_time: float | None  # seconds
+    final_loss: float | None
+    speedup: float | None = None
+    efficiency: float | None = None
+    ratio: float | None = None  # backends.RATIO at this world size, on both backends' rows
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RatioRow:
+    """backends.RATIO (numerator / denominator median throughput) at one world size."""
+
+    world_size: int
+    den_workers: int | None  # denominator's worker count (None: no denominator run here)
+    num_workers: int | None  # numerator's worker count
+    den_ips: float | None
+    num_ips: float | None
+    ratio: float | None
+
+
+@dataclass
+class JobSummary:
+    """Everything the report shows about one job (one job_hash); runs of other jobs never enter it."""
+
+    job_hash: str
+    name: str
+    job: dict[str, Any]
+    rows: list[Row]
+    ratios: list[RatioRow]
+    notes: list[str]
+    runs: list[dict[str, Any]]
+    version_mix: list[str] = field(default_factory=list)  # versions.version_mix(runs): empty when consistent
+
+    @property
+    def backends(self) -> list[str]:
+        return order_backends({r.backend for r in self.rows})
+
+
+def order_backends(names: Iterable[str]) -> list[str]:
+    """The registry's backends in its order, then any other backend found in results, sorted."""
+    names = set(names)
+    known = backends.names()
+    return [b for b in known if b in names] + sorted(names - set(known))
+
+
+def _final_loss(run: Mapping[str, Any]) -> float | None:
+    losses = run.get("step_losses")
+    if isinstance(losses, list) and losses:
+        return num(losses[-1])
+    return None
+
+
+def _make_row(backend: str, ws: int, nw: int, runs: list[dict[str, Any]]) -> Row:
+    ips = [float(r["images_per_sec"]) for r in runs]
+    gbs = Counter(r.get("global_batch_size") for r in runs if isinstance(r.get("global_batch_size"), int))
+    return Row(
+        backend=backend,
+        world_size=ws,
+        num_workers=nw,
+        repeats=len(runs),
+        ips=ips,
+        ips_median=statistics.median(ips),
+        ips_mean=statistics.fmean(ips),
+        ips_stdev=statistics.stdev(ips) if len(ips) > 1 else None,
+        ips_ci95=mean_ci95(ips),
+        global_batch_size=gbs.most_common(1)[0][0] if gbs else None,
+        step_p50=median(num(r["step_time"].get("median")) for r in runs),
+        step_p95=median(num(r["step_time"].get("p95")) for r in runs),
+        step_mean=median(num(r["step_time"].get("mean")) for r in runs),
+        time_to_first_step=median(num(r["time_to_first_step"]) for r in runs),
+        timed_wall_time=median(num(r.get("timed_wall_time")) for r in runs),
+        final_loss=median(_final_loss(r) for r in runs),
+        files=[r.get("_path", "?") for r in runs],
+    )
+
+
+def _rows(runs: list[dict[str, Any]]) -> list[Row]:
+    """One row per backend x world size x worker count, in table order."""
+    cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        cells.setdefault((r["backend"], r["world_size"], r["num_workers"]), []).append(r)
+    order = {b: i for i, b in enumerate(order_backends(k[0] for k in cells))}
+    return [_make_row(b, ws, nw, rs) for (b, ws, nw), rs in sorted(cells.items(),
+                                                                   key=lambda kv: (order[kv[0][0]], kv[0][1:]))]
+
+
+def _speedups(rows: list[Row], names: list[str], notes: list[str]) -> None:
+    """Speedup and efficiency against the same backend's 1-replica median (a note where there is none)."""
+    for b in names:
+        base = next((r for r in rows if r.backend == b and r.world_size == 1), None)
+        if base is None:
+            sizes = ", ".join(str(r.world_size) for r in rows if r.backend == b)
+            notes.append(f"{b}: no 1-replica run (only world size {sizes}), so its speedup and efficiency are "
+                         f"{NA}; run {b} at world size 1 to get the baseline")
+            continue
+        for r in rows:
+            if r.backend == b:
+                r.speedup = r.ips_median / base.ips_median
+                r.efficiency = r.ips_median / (r.world_size * base.ips_median)
+
+
+def _pairs(rows: list[Row], ws: int) -> list[tuple[Row | None, Row | None]]:
+    """(denominator row, numerator row) at one world size; several worker counts pair equal counts only."""
+    den = [r for r in rows if r.backend == RATIO_DEN and r.world_size == ws]
+    nom = [r for r in rows if r.backend == RATIO_NUM and r.world_size == ws]
+    if len(den) <= 1 and len(nom) <= 1:
+        return [(den[0] if den else None, nom[0] if nom else None)]
+    return [(next((r for r in den if r.num_workers == nw), None), next((r for r in nom if r.num_workers == nw), None))
+            for nw in sorted({r.num_workers for r in den + nom})]
+
+
+def _ratios(rows: list[Row], names: list[str], notes: list[str]) -> list[RatioRow]:
+    """The backends.RATIO throughput ratio per world size, set on both rows too; notes on what is missing."""
+    ratios: list[RatioRow] = []
+    missing = [b for b in (RATIO_DEN, RATIO_NUM) if b not in names]
+    if missing:
+        present = ", ".join(names) or "none"
+        notes.append(f"no {' or '.join(missing)} runs for this job (backends present: {present}), so the "
+                     f"{RATIO_NUM}/{RATIO_DEN} ratio is {NA}")
+    lone_sizes: dict[str, list[int]] = {}  # backend -> world sizes only it ran (ratio n/a there)
+    for ws in sorted({r.world_size for r in rows}):
+        for d, n in _pairs(rows, ws):
+            if d is None and n is None:  # only other backends ran at this world size
+                continue
+            ratio = n.ips_median / d.ips_median if d and n else None
+            ratios.append(RatioRow(ws, d.num_workers if d else None, n.num_workers if n else None,
+                                   d.ips_median if d else None, n.ips_median if n else None, ratio))
+            for r in (d, n):
+                if r is not None:
+                    r.ratio = ratio
+            lone = d if n is None else n if d is None else None
+            if not missing and lone is not None:
+                lone_sizes.setdefault(lone.backend, []).append(ws)
+            elif d and n and d.num_workers != n.num_workers:
+                notes.append(f"at world size {ws} the backends ran different topologies ({RATIO_DEN}: "
+                             f"{d.num_workers} worker(s), {RATIO_NUM}: {n.num_workers} worker(s)); the ratio "
+                             "compares them as they ran")
+    for b, sizes in lone_sizes.items():
+        listed = ", ".join(str(x) for x in dict.fromkeys(sizes))
+        notes.append(f"{RATIO_NUM}/{RATIO_DEN} ratio is {NA} at world size {listed}: only {b} ran there")
+    return ratios
+
+
+def _run_notes(job: Mapping[str, Any], runs: list[dict[str, Any]], rows: list[Row], notes: list[str]) -> None:
+    """Notes on single repeats, inconsistent batch sizes or weights, and differing software versions."""
+    if any(r.repeats == 1 for r in rows):
+        notes.append(f"rows with a single repeat show \"{NO_INTERVAL}\"; repeat those runs to get an interval")
+    per_replica = num(job.get("per_replica_batch_size"))
+    for r in runs:
+        gb = r.get("global_batch_size")
+        if per_replica and isinstance(gb, int) and gb != per_replica * r["world_size"]:
+            where = r.get("_path", r.get("run_id", "?"))
+            notes.append(f"{where}: global_batch_size {gb} is not per_replica_batch_size "
+                         f"{int(per_replica)} x world_size {r['world_size']}")
+    bad_weights = [r for r in runs if r.get("weights_consistent") is False]
+    if bad_weights:
+        notes.append(f"{len(bad_weights)} run(s) ended with different weights on different ranks "
+                     "(weights_consistent = false): their replicas did not train in lockstep")
+    differing = [k for k, vals in versions_by_key(runs).items() if len(vals) > 1]
+    if differing:
+        notes.append(f"software versions differ across runs ({', '.join(differing)}): see Environment")
+
+
+def _summarize_job(job_hash: str, runs: list[dict[str, Any]]) -> JobSummary:
+    names = Counter(str(r["job"].get("name", "unnamed")) for r in runs)
+    name = names.most_common(1)[0][0]
+    job = dict(next(r["job"] for r in runs if str(r["job"].get("name", "unnamed")) == name))
+    notes: list[str] = []
+    if len(names) > 1:
+        notes.append(f"runs of this job carry different names ({', '.join(sorted(names))}); the name is a label "
+                     "only, the job hash is identical")
+    rows = _rows(runs)
+    present = order_backends(r.backend for r in rows)
+    _speedups(rows, present, notes)
+    ratios = _ratios(rows, present, notes)
+    _run_notes(job, runs, rows, notes)
+    return JobSummary(job_hash, name, job, rows, ratios, notes, runs, version_mix(runs))
+
+
+def summarize(runs: Sequence[Mapping[str, Any]]) -> list[JobSummary]:
+    """One JobSummary per job_hash (sorted by job name, then hash); runs of different jobs are never mixed."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(r["job_hash"], []).append(dict(r))
+    out = [_summarize_job(h, rs) for h, rs in groups.items()]
+    return sorted(out, key=lambda s: (s.name, s.job_hash))

@@ -1,0 +1,32 @@
+"""The runtime options of one run (not part of the job's identity): typed and frozen, made once by ``common.cli``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.reliability import PEER_TIMEOUT, STALL_TIMEOUT
+
+PREEMPT_CHECK_STEPS = 10  # one scalar collective per 10 steps; at most 10 extra steps after a signal
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """``--bench allreduce``: message sizes in bytes, timed and untimed iterations per size."""
+
+    sizes: tuple[int, ...]
+    iters: int = 20
+    warmup_iters: int = 5
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    t_process_start: float  # time.time() at process start (time to first step includes TF import)
+    command: tuple[str, ...]  # the exact command line, for the record
+    results_dir: str | None = None  # where the chief writes the results JSON (None: nowhere)
+    verbose: bool = True  # progress on the chief
+    peer_timeout: float = PEER_TIMEOUT  # see common.reliability
+    stall_timeout: float = STALL_TIMEOUT  # see common.reliability
+    preempt_check_steps: int = PREEMPT_CHECK_STEPS  # agree on a pending SIGTERM/SIGUSR1 every N steps
+    signal_at_step: int = 0  # testing aid: the chief sends itself SIGTERM after this global step (0 = never)
+    resume_from: str | None = None  # explicit checkpoint dir (default: this run's own in the results dir)
+    bench: BenchOptions | None = None  # run a microbenchmark instead of the job

@@ -1,0 +1,47 @@
+"""How a set-up backend's run ends: exit 0 when done, 75 after a preemption checkpoint, 3 naming a lost peer.
+
+The entry points (``backends/*.py``) parse, prepare and set up; this module runs the job (or the microbenchmark)
+and turns its outcome into the exit statuses README documents.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from backends.base import Backend
+from common.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLost, Preempted, UsageError, fail
+from common.job import Job
+from common.runconfig import RunOptions
+
+
+def run(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
+    """Train (or benchmark) on a set-up backend; returns 0, or ends the process with 2, 3 or 75."""
+    from common.train import train
+
+    if opts.bench is not None:
+        from common.bench import run_allreduce
+
+        run_allreduce(backend, opts.bench, opts.results_dir, list(opts.command),
+                      verbose=opts.verbose and backend.is_chief)
+        backend.exit_barrier()
+        backend.shutdown()
+        return 0
+    try:
+        train(job, backend, opts)
+    except UsageError as e:
+        fail(prog, str(e))
+    except Preempted as e:
+        if backend.is_chief:
+            print(f"[twinbench] preempted: {e}", file=sys.stderr, flush=True)
+        backend.exit_barrier()  # os._exit is instant: without it a peer still in the last collective fails
+        sys.stdout.flush()
+        os._exit(EXIT_PREEMPTED)  # skip TF/Horovod teardown: the checkpoint is safe, exit promptly
+    except PeerLost as e:
+        print(f"[twinbench] error: lost {e.who}: it no longer answers; rank {backend.rank} stops ({e.detail})",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_PEER_LOST)
+    backend.exit_barrier()
+    backend.shutdown()
+    return 0

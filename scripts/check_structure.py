@@ -1,0 +1,150 @@
+"""Structure rules the project keeps (run by ``make test`` and so by CI); exit 1 naming every breach.
+
+- no function longer than 80 lines, no module longer than 500 lines;
+- no import cycle among the project's modules (imports inside functions count: a lazy cycle is still a cycle);
+- the backends are listed only in ``backends/``: outside it (and outside the tests of named backends; the shared
+  test helpers in tests/conftest.py count), no list, tuple, set or dict literal names two or more registered
+  backends (or their modules); code iterates ``backends.REGISTRY`` instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import backends  # noqa: E402
+
+PACKAGES = ("backends", "common", "bench", "scripts", "tests")
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 500
+
+
+def project_files() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def long_functions(tree: ast.AST, where: str) -> list[str]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            n = node.end_lineno - first + 1
+            if n > MAX_FUNCTION_LINES:
+                out.append(f"{where}:{node.lineno}: function {node.name} has {n} lines (max {MAX_FUNCTION_LINES})")
+    return out
+
+
+def imports_of(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set[str]:
+    """Project modules imported anywhere in ``tree`` (``from pkg import mod`` counts as importing ``pkg.mod``)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if is_package else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join([*pkg, base] if base else pkg)
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        for t in targets:
+            # the longest known module that t is or lies inside
+            parts = t.split(".")
+            for i in range(len(parts), 0, -1):
+                cand = ".".join(parts[:i])
+                if cand in known and cand != name:
+                    found.add(cand)
+                    break
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def backend_listings(tree: ast.AST, where: str) -> list[str]:
+    names = set(backends.names()) | {e.module for e in backends.REGISTRY.values()}
+    out = []
+    for node in ast.walk(tree):
+        elts: list[ast.AST] = []
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            elts = list(node.elts)
+        elif isinstance(node, ast.Dict):
+            elts = [k for k in node.keys if k is not None]
+        hits = {e.value for e in elts if isinstance(e, ast.Constant) and e.value in names}
+        if len(hits) >= 2:
+            out.append(f"{where}:{node.lineno}: lists backends {sorted(hits)}: iterate backends.REGISTRY instead")
+    return out
+
+
+def main() -> int:
+    files = project_files()
+    known = {module_name(p) for p in files}
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {}
+    for path in files:
+        where = str(path.relative_to(REPO))
+        text = path.read_text()
+        lines = text.count("\n") + (0 if text.endswith("\n") else 1)
+        if lines > MAX_MODULE_LINES:
+            problems.append(f"{where}: module has {lines} lines (max {MAX_MODULE_LINES})")
+        tree = ast.parse(text, filename=where)
+        problems += long_functions(tree, where)
+        name = module_name(path)
+        graph[name] = imports_of(tree, name, path.name == "__init__.py", known)
+        # Tests of named backends (parity: one against the other) may name them; shared test helpers may not.
+        if not where.startswith(("backends/", "tests/")) or where == "tests/conftest.py":
+            problems += backend_listings(tree, where)
+    for cyc in cycles(graph):
+        problems.append(f"import cycle among {', '.join(cyc)}")
+    for p in problems:
+        print(p)
+    print(f"structure: {len(files)} modules checked, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The backend registry is complete and cheap: every entry keeps the contract, nothing heavy is imported to list it."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+import backends
+from backends.base import Backend, BaseOptions, Diagnosis, RankInfo
+from tests.conftest import REPO, base_env
+
+
+@pytest.mark.parametrize("name", backends.names())
+def test_every_registered_backend_keeps_the_contract(name):
+    entry = backends.entry(name)
+    mod = backends.load(name)
+    classes = [c for c in vars(mod).values() if inspect.isclass(c) and issubclass(c, Backend) and c is not Backend]
+    assert [c.name for c in classes] == [name], f"{entry.module} must define one Backend subclass named {name!r}"
+    assert not inspect.isabstract(classes[0]), f"{classes[0].__name__} leaves abstract members unimplemented"
+    assert issubclass(mod.Options, BaseOptions) and mod.Options.__dataclass_params__.frozen
+    args = mod.parser().parse_args([])
+    assert isinstance(mod.Options.from_args(args), mod.Options)
+    assert (REPO / entry.slurm_script).is_file()
+    without_tf = mod.doctor(None)  # what the doctor says when TensorFlow does not import
+    assert isinstance(without_tf, Diagnosis) and not without_tf.ok and without_tf.status.startswith("cannot run")
+    one = mod.local_command(1, ["--job", "x.toml"], python="/py")
+    assert one[:3] == ["/py", "-m", entry.module] and one[-2:] == ["--job", "x.toml"]
+    two = mod.local_command(2, ["--job", "x.toml"], python="/py")
+    assert two != one and "2" in two and two[-2:] == ["--job", "x.toml"]
+
+
+def test_rank_info_is_frozen_and_derives_replicas():
+    info = RankInfo(rank=1, num_workers=2, local_rank=1, local_size=2, replicas_per_worker=3, device="cpu", threads=1)
+    assert info.num_replicas == 6 and not info.is_chief
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.rank = 0  # type: ignore[misc]
+
+
+def test_unknown_backend_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown backend 'nope': use one of native, horovod"):
+        backends.load("nope")
+
+
+def test_listing_backends_imports_no_backend_and_no_tensorflow():
+    code = ("import sys, backends; backends.names(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('tensorflow', 'horovod', 'backends.'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_shell_helper_prints_each_backends_local_command():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "backends", *a], cwd=REPO, env=base_env(),  # noqa: E731
+                                    capture_output=True, text=True)
+    assert run("names").stdout.split() == list(backends.names())
+    for name in backends.names():
+        out = run("command", name, "2", "--job", "j.toml")
+        assert out.returncode == 0
+        assert out.stdout.splitlines() == backends.load(name).local_command(2, ["--job", "j.toml"])
+    bad = run("command", "nope", "2")
+    assert bad.returncode == 2 and "unknown backend" in bad.stderr

@@ -1,0 +1,39 @@
+"""The structure rules (scripts/check_structure.py, run by `make test`) hold, and the checker can see a breach."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import check_structure as cs  # noqa: E402
+
+
+def test_the_repository_keeps_its_structure_rules():
+    proc = subprocess.run([sys.executable, "scripts/check_structure.py"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_checker_finds_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(cs.MAX_FUNCTION_LINES))
+    found = cs.long_functions(ast.parse(f"def f():\n{body}\n"), "m.py")
+    assert found and "function f has 81 lines" in found[0]
+    assert cs.long_functions(ast.parse("def g():\n    return 1\n"), "m.py") == []
+
+
+def test_checker_finds_an_import_cycle_including_lazy_imports():
+    known = {"common.a", "common.b", "common.c"}
+    a = cs.imports_of(ast.parse("def f():\n    from common import b\n"), "common.a", False, known)
+    b = cs.imports_of(ast.parse("from common.a import f\n"), "common.b", False, known)
+    c = cs.imports_of(ast.parse("import common.a\n"), "common.c", False, known)
+    assert a == {"common.b"} and b == {"common.a"} and c == {"common.a"}
+    assert cs.cycles({"common.a": a, "common.b": b, "common.c": c}) == [["common.a", "common.b"]]
+
+
+def test_checker_finds_a_list_of_backends_outside_backends():
+    names = list(cs.backends.names())[:2]
+    found = cs.backend_listings(ast.parse(f"B = {tuple(names)!r}\nX = ({names[0]!r},)\n"), "common/x.py")
+    assert len(found) == 1 and "common/x.py:1" in found[0]
