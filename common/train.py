@@ -73,9 +73,10 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> res.RunRecord | None:
     """
     plan = make_plan(job, backend)
     announce(job, backend, plan, opts)
+    preemption = rel.Preemption()  # SIGTERM/SIGUSR1 handlers first: from here on a signal means "checkpoint"
     heartbeat, watchdog = start_watchdog(backend, opts)
     try:
-        return _run(job, backend, opts, plan, watchdog, heartbeat)
+        return _run(job, backend, opts, plan, preemption, watchdog, heartbeat)
     except (Preempted, UsageError):
         raise
     except Exception as e:
@@ -86,9 +87,8 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> res.RunRecord | None:
         raise PeerLost(lost, e) from e
 
 
-def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: rel.Watchdog | None,
-         heartbeat: rel.Heartbeat | None) -> res.RunRecord | None:
-    preemption = rel.Preemption()
+def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, preemption: rel.Preemption,
+         watchdog: rel.Watchdog | None, heartbeat: rel.Heartbeat | None) -> res.RunRecord | None:
     built = build(job, backend, plan)
     resume = find_resume(job, backend, built, plan, opts)
     dataset = backend.make_dataset(
