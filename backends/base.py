@@ -133,8 +133,15 @@ class Backend(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def any_flag(self, flag: bool) -> bool:
-        """True on every rank if ``flag`` is True on any rank (a collective: all must call, at the same step)."""
+    def allsum(self, values: list[float]) -> list[float]:
+        """Element-wise float64 SUM over workers, one contribution per worker (a collective: all must call, at the
+        same step). Used for the preemption agreement, which also carries each rank's step time."""
+
+    @property
+    def uses_coordinator(self) -> bool:
+        """Are the steps scheduled by a ClusterCoordinator (parameter-server training, ``common.ps_loop``)? Then
+        only this process (the chief) trains, asynchronously, and its collectives involve no other rank."""
+        return False
 
     @property
     def writes_checkpoint(self) -> bool:

@@ -152,6 +152,8 @@ class HorovodBackend(Backend):
         for cb in cbs:
             # Horovod binds `keras.backend`, which is Keras 3 here; our models are tf_keras.
             cb.backend = self.tf.keras.backend
+            # None of them reads a batch's logs: without this Keras would convert them, waiting for every step.
+            cb._supports_tf_logs = True
         return cbs
 
     def wrap_tape(self, tape: Any) -> Any:
@@ -192,11 +194,12 @@ class HorovodBackend(Backend):
         self.htf.broadcast_variables(model.variables, root_rank=0)
         self.htf.broadcast_variables(optimizer.variables(), root_rank=0)
 
-    def any_flag(self, flag: bool) -> bool:
+    def allsum(self, values: list[float]) -> list[float]:
         if self.num_workers == 1:
-            return flag
-        total = self.htf.allreduce(self.tf.constant(1.0 if flag else 0.0), op=self.htf.Sum, name="twinbench_flag")
-        return float(total) > 0
+            return list(values)
+        total = self.htf.allreduce(self.tf.constant(values, dtype=self.tf.float64), op=self.htf.Sum,
+                                   name="twinbench_allsum")
+        return [float(v) for v in total.numpy()]
 
     def allreduce_fn(self) -> Any:
         htf = self.htf

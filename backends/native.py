@@ -2,7 +2,9 @@
 
 Cluster discovery (``backends.native_cluster``), in order: ``TF_CONFIG`` if set; Slurm (``SlurmClusterResolver``)
 when the step has more than one task; otherwise a single worker. ``--nproc N`` starts N local workers with a
-generated ``TF_CONFIG`` on free loopback ports (like ``torchrun --standalone``).
+generated ``TF_CONFIG`` on free loopback ports (like ``torchrun --standalone``); with ``--strategy parameter_server
+--ps P`` it starts a chief, N workers and P parameter servers instead. In parameter-server training only the chief
+trains (``common.ps_loop``); workers and parameter servers run TensorFlow servers until the chief has gone.
 """
 
 from __future__ import annotations
@@ -20,14 +22,25 @@ from dataclasses import dataclass, replace  # noqa: E402
 from typing import Any  # noqa: E402
 
 from backends import native_cluster  # noqa: E402
-from backends.base import Backend, BaseOptions, Diagnosis, RankInfo, configure_threads, pin_one_gpu  # noqa: E402
+from backends.base import (  # noqa: E402
+    Backend,
+    BaseOptions,
+    Diagnosis,
+    Pinning,
+    RankInfo,
+    configure_threads,
+    pin_one_gpu,
+)
 from common import cli, localcluster, runner  # noqa: E402
 from common.errors import UsageError, fail  # noqa: E402
 
 PROG = "backends.native"
-STRATEGIES = ("mwms", "mirrored", "one_device")
+STRATEGIES = ("mwms", "mirrored", "one_device", "central_storage", "parameter_server")
+ALL_LOCAL_DEVICES = ("mirrored", "central_storage")  # one process driving every local device (nothing to pin)
 COMMS = ("auto", "ring", "nccl")
 EXIT_BARRIER_MS = 30_000  # ms to wait for peers at exit: they are all past their last collective within a second
+CENTRAL_VARIABLES = "/cpu:0"  # where central_storage keeps the variables (the Q&A's: the host, next to the GPUs)
+SERVER_LINGER_S = 20.0  # s the local launcher gives ps/worker servers to exit after the chief (they need about 2)
 
 
 @dataclass(frozen=True)
@@ -36,12 +49,13 @@ class Options(BaseOptions):
     comm: str = "auto"  # MWMS collectives; auto lets TF pick (NCCL on GPUs, RING on CPU)
     port_base: int = 12345  # first port for SlurmClusterResolver (IDRIS allows 10000-20000)
     gpus_per_node: int = -1  # for SlurmClusterResolver; -1 = what TensorFlow sees
-    logical_cpus: int = 0  # split the CPU into N logical devices (CPU testing of mirrored); 0 = off
+    logical_cpus: int = 0  # split the CPU into N logical devices (CPU testing of mirrored, central_storage); 0 = off
+    ps: int = 0  # parameter servers (parameter_server only: local launcher, or how many srun tasks); 0 = none
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
         return cls(threads=args.threads, strategy=args.strategy, comm=args.comm, port_base=args.port_base,
-                   gpus_per_node=args.gpus_per_node, logical_cpus=args.logical_cpus)
+                   gpus_per_node=args.gpus_per_node, logical_cpus=args.logical_cpus, ps=args.ps)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,7 +64,12 @@ def parser() -> argparse.ArgumentParser:
                    help="start N local workers on loopback with a generated TF_CONFIG (default 1 = this process)")
     p.add_argument("--strategy", choices=STRATEGIES, default="mwms",
                    help="mwms = MultiWorkerMirrored, one worker per device (default); mirrored = one process, "
-                        "all local devices; one_device = the 1-GPU baseline")
+                        "all local devices; one_device = the 1-GPU baseline; central_storage = one process, "
+                        "variables on the CPU, compute on all local devices; parameter_server = asynchronous "
+                        "chief + workers + parameter servers")
+    p.add_argument("--ps", type=int, default=0,
+                   help="parameter_server: start N local parameter servers (with a chief and --nproc workers), or "
+                        "under srun make tasks 1..N parameter servers (default 0 = none)")
     p.add_argument("--comm", choices=COMMS, default="auto",
                    help="MWMS collectives: nccl (GPUs), ring (gRPC, CPU) or auto (default: TF picks)")
     p.add_argument("--port-base", type=int, default=12345,
@@ -58,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, default=-1,
                    help="GPUs per node for SlurmClusterResolver (default -1 = what TensorFlow sees)")
     p.add_argument("--logical-cpus", type=int, default=0,
-                   help="split the CPU into N logical devices (CPU testing of --strategy mirrored; default off)")
+                   help="split the CPU into N logical devices (CPU testing of mirrored / central_storage; "
+                        "default off)")
     return p
 
 
@@ -97,34 +117,59 @@ class NativeBackend(Backend):
         self.threads = configure_threads(local_size, o.threads)
         gpus = tf.config.list_physical_devices("GPU")
         self.visible_gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-        # mirrored: one process drives every local device, nothing to pin (the binding is still recorded)
-        pin = pin_one_gpu(local_rank, PROG, gpus if o.strategy != "mirrored" else [])
-        if o.strategy != "mirrored":
+        # One process driving every local device, or the chief of parameter-server training (it computes
+        # nothing): nothing to pin (the binding is still recorded).
+        pinned = o.strategy not in (*ALL_LOCAL_DEVICES, "parameter_server")
+        pin = pin_one_gpu(local_rank, PROG, gpus if pinned else [])
+        if o.strategy not in ALL_LOCAL_DEVICES:
             gpus = gpus[:1]  # this worker now sees one GPU (only the count matters below)
-        device = pin.label()
         if o.logical_cpus > 1:
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
                 cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(o.logical_cpus)])
-        rank, num_workers = 0, 1
+        rank, num_workers, per_worker, device = self._make_strategy(tf, gpus, pin)
+        return RankInfo(rank=rank, num_workers=num_workers, local_rank=local_rank, local_size=local_size,
+                        replicas_per_worker=per_worker, device=device, threads=self.threads)
+
+    def _make_strategy(self, tf: Any, gpus: list[Any], pin: Pinning) -> tuple[int, int, int, str]:
+        """Create the strategy (before any other TF op); returns (rank, workers, replicas per worker, device)."""
+        o = self.opts
         if o.strategy == "mwms":
             self.strategy = self._mwms(tf, gpus)
             workers = self.strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [])
-            num_workers = max(len(workers), 1)
-            rank = int(self.strategy.cluster_resolver.task_id or 0)
             self.cluster = {"workers": workers}
-        elif o.strategy == "mirrored":
+            num_workers = max(len(workers), 1)
+            return (int(self.strategy.cluster_resolver.task_id or 0), num_workers,
+                    self.strategy.num_replicas_in_sync // num_workers, pin.label())
+        if o.strategy == "parameter_server":
+            return self._parameter_server(tf, pin)
+        if o.strategy in ALL_LOCAL_DEVICES:
             devices = [d.name for d in tf.config.list_logical_devices("GPU")] or \
                       [d.name for d in tf.config.list_logical_devices("CPU")]
-            self.strategy = tf.distribute.MirroredStrategy(devices=devices)
-            device = replace(pin, device=",".join(devices)).label()
-        else:
-            one = "/gpu:0" if gpus else "/cpu:0"
-            self.strategy = tf.distribute.OneDeviceStrategy(one)
-            device = replace(pin, device=one).label()
-        return RankInfo(rank=rank, num_workers=num_workers, local_rank=local_rank, local_size=local_size,
-                        replicas_per_worker=self.strategy.num_replicas_in_sync // num_workers, device=device,
-                        threads=self.threads)
+            if o.strategy == "mirrored":
+                self.strategy = tf.distribute.MirroredStrategy(devices=devices)
+            else:
+                # The Q&A's CentralStorageStrategy: one copy of each variable, on the host; every local device
+                # computes with it (with CPU devices only, the first of them holds the variables).
+                self.strategy = tf.distribute.experimental.CentralStorageStrategy(
+                    compute_devices=devices, parameter_device=CENTRAL_VARIABLES)
+            return 0, 1, self.strategy.num_replicas_in_sync, replace(pin, device=",".join(devices)).label()
+        one = "/gpu:0" if gpus else "/cpu:0"
+        self.strategy = tf.distribute.OneDeviceStrategy(one)
+        return 0, 1, 1, replace(pin, device=one).label()
+
+    def _parameter_server(self, tf: Any, pin: Pinning) -> tuple[int, int, int, str]:
+        """The chief of a parameter-server cluster: it creates the variables on the ps and schedules the steps."""
+        role = native_cluster.ps_role(self.opts.ps, self.opts.port_base)
+        self.cluster, self.cluster_source = role.cluster, role.source
+        self.comm_used = "parameter servers (gRPC)"
+        tf.config.set_visible_devices([], "GPU")  # the chief computes nothing: leave its node's GPUs to workers
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(role.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+        self.strategy = tf.distribute.ParameterServerStrategy(resolver)
+        # num_replicas_in_sync: the GPUs of one worker (1 on CPU workers); the workers step independently
+        return 0, len(role.cluster["worker"]), self.strategy.num_replicas_in_sync, \
+            replace(pin, device="coordinator (no compute)").label()
 
     def _mwms(self, tf: Any, gpus: list[Any]) -> Any:
         o = self.opts
@@ -143,10 +188,31 @@ class NativeBackend(Backend):
         # Must come before any other TF op: MWMS configures the runtime's collective ops when created.
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
 
+    @property
+    def uses_coordinator(self) -> bool:
+        return self.opts.strategy == "parameter_server"
+
     def describe(self) -> dict[str, Any]:
+        if self.uses_coordinator:
+            return {
+                "strategy": "parameter_server",  # the flag's name: the report labels these runs by it
+                "strategy_class": type(self.strategy).__name__,
+                "asynchronous": True,  # workers update the variables without waiting for each other
+                "num_ps": len(self.cluster["ps"]),
+                "num_workers": len(self.cluster["worker"]),
+                "worker_steps_per_step": self.num_workers,  # one global batch = one worker step per worker
+                "communication": self.comm_used,
+                "replicas_per_worker": self.info.replicas_per_worker,
+                "threads_per_process": self.info.threads,
+                "cluster": self.cluster,
+                "cluster_source": self.cluster_source,
+                "device": self.info.device,
+                "cuda_visible_devices": self.visible_gpus,
+            }
         return {
             "strategy": type(self.strategy).__name__ if self.strategy is not None else None,
             "communication": self.comm_used,
+            **({"variables_on": CENTRAL_VARIABLES} if self.opts.strategy == "central_storage" else {}),
             "replicas_per_worker": self.info.replicas_per_worker,
             "threads_per_process": self.info.threads,
             "cluster": self.cluster,
@@ -160,26 +226,51 @@ class NativeBackend(Backend):
         return self.strategy.scope()
 
     def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
+        """The distributed dataset; for parameter-server training the per-worker dataset *function*, which
+        ``common.ps_loop`` creates on every worker through the coordinator."""
         per = self.info.replicas_per_worker
+        if self.uses_coordinator:
+            return self._per_worker_dataset_fn(dataset_fn)
         # distribute_datasets_from_function does no auto-sharding: common.data shards by pipeline index, the
         # same rule Horovod ranks use, so both backends feed every replica the same samples.
         return self.strategy.distribute_datasets_from_function(
             lambda ctx: dataset_fn(ctx.input_pipeline_id, ctx.num_input_pipelines, per))
 
+    def _per_worker_dataset_fn(self, dataset_fn: Callable[[int, int, int], Any]) -> Callable[[Any], Any]:
+        """``input_context -> tf.data.Dataset`` run on each worker: its slots of every global batch.
+
+        The coordinator traces it once for all workers, so the worker's index is a tensor known only when it
+        runs there: build every slot of each global batch (``common.data``'s order), keep the worker's share.
+        The cost: each worker prepares the whole global batch and keeps 1/W of it.
+        """
+        import tensorflow as tf
+
+        workers, per = self.num_workers, self.info.replicas_per_worker
+
+        def fn(input_context: Any) -> Any:
+            ds = dataset_fn(0, 1, workers * per)  # one pipeline feeding every replica slot, in slot order
+            return worker_slots(ds, workers, per, tf.distribute.coordinator.experimental_get_current_worker_index())
+
+        return fn
+
     def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         out = self.strategy.run(step_fn, args=tuple(batch))
         return list(self.strategy.experimental_local_results(out))
 
-    def any_flag(self, flag: bool) -> bool:
-        if self.num_workers == 1:
-            return flag
+    @property
+    def _alone(self) -> bool:
+        """No peer to agree with: one worker, or the chief of parameter-server training (the only one training)."""
+        return self.num_workers == 1 or self.uses_coordinator
+
+    def allsum(self, values: list[float]) -> list[float]:
+        if self._alone:
+            return list(values)
         import tensorflow as tf
 
-        out = self._allsum(tf.constant([1.0 if flag else 0.0], dtype=tf.float64))
-        return float(out[0]) > 0
+        return [float(v) for v in self._allsum(tf.constant(values, dtype=tf.float64)).numpy()]
 
     def allgather(self, obj: Any) -> list[Any]:
-        if self.num_workers == 1:
+        if self._alone:
             return [obj]
         import numpy as np
 
@@ -195,7 +286,7 @@ class NativeBackend(Backend):
         # finished the last collective and exits at once closes the socket a slower peer is still pulling from, and
         # that peer's collective fails ("Socket closed"). Meeting at a coordination-service barrier first means
         # everyone is past the last collective; the barrier itself moves no tensor data.
-        if self.num_workers == 1:
+        if self._alone:
             return
         from tensorflow.python.eager import context
 
@@ -242,37 +333,57 @@ class NativeBackend(Backend):
         return self.strategy.experimental_local_results(self._allsum_fn(value))[0]
 
 
-# -- local launcher (--nproc) ----------------------------------------------------------------------
-def strip_nproc(argv: list[str]) -> list[str]:
+def worker_slots(ds: Any, workers: int, per: int, index: Any) -> Any:
+    """From every replica slot of each global batch (in slot order), worker ``index``'s ``per`` slots: what
+    ``common.data`` gives pipeline ``index`` of ``workers`` pipelines with ``per`` replicas each."""
+    if per == 1:
+        return ds.shard(workers, index)
+    return ds.batch(per, drop_remainder=True).shard(workers, index).unbatch()
+
+
+# -- local launcher (--nproc, --ps) ----------------------------------------------------------------
+def strip_nproc(argv: list[str], flags: tuple[str, ...] = ("--nproc",)) -> list[str]:
+    """``argv`` without the launcher's own ``flags`` (and their values): what each launched process runs."""
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
             continue
-        if a == "--nproc":
+        if a in flags:
             skip = True
             continue
-        if a.startswith("--nproc="):
+        if a.startswith(tuple(f"{f}=" for f in flags)):
             continue
         out.append(a)
     return out
 
 
-def launch_local(n: int, argv: list[str]) -> int:
+def launch_local(n: int, argv: list[str], ps: int = 0) -> int:
     """Start n workers of this module with TF_CONFIG on loopback; the first failure stops the others.
 
-    SIGTERM/SIGUSR1 sent to the launcher (Slurm, scancel) are forwarded to every worker, which then checkpoint
-    together and exit 75; the launcher exits 75 too.
+    With ``ps`` > 0 (parameter_server): a chief, n workers and ``ps`` parameter servers; the servers exit once the
+    chief has (and are killed SERVER_LINGER_S later if they have not). SIGTERM/SIGUSR1 sent to the launcher
+    (Slurm, scancel) are forwarded to every process; the workers (the chief) then checkpoint and exit 75, and the
+    launcher exits 75 too.
     """
     env = dict(os.environ, TWINBENCH_LAUNCH_COMMAND=json.dumps(list(sys.orig_argv)))
-    procs = localcluster.start_tf_config_workers(n, [sys.executable, "-m", PROG, *strip_nproc(argv)], env)
-    return localcluster.supervise(procs, PROG)
+    command = [sys.executable, "-m", PROG, *strip_nproc(argv, ("--nproc", "--ps"))]
+    if ps:
+        return localcluster.supervise(localcluster.start_ps_cluster(n, ps, command, env), PROG,
+                                      linger=SERVER_LINGER_S)
+    return localcluster.supervise(localcluster.start_tf_config_workers(n, command, env), PROG)
 
 
 def _preflight(args: argparse.Namespace) -> None:
     """Launch-mode checks before TensorFlow starts (each failure: one line, exit 2)."""
     if args.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.ps < 0:
+        raise UsageError(f"--ps must be >= 0, got {args.ps}")
+    if args.strategy == "parameter_server":
+        return native_cluster.ps_preflight(args)
+    if args.ps:
+        raise UsageError(f"--ps starts parameter servers: it needs --strategy parameter_server, not {args.strategy}")
     if args.nproc > 1:
         if os.environ.get("TF_CONFIG"):
             raise UsageError("--nproc generates TF_CONFIG itself: unset TF_CONFIG or drop --nproc")
@@ -294,7 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     job, run_opts = cli.prepare(PROG, args, T0)
     try:
         _preflight(args)
-        if args.nproc > 1:
+        if args.strategy == "parameter_server":
+            native_cluster.check_ps_job(job)
+            if native_cluster.launches_ps_locally(args):
+                return launch_local(args.nproc, argv, ps=args.ps)
+            native_cluster.serve_unless_chief(args, PROG)  # a worker or ps task ends there
+        elif args.nproc > 1:
             return launch_local(args.nproc, argv)
         backend = NativeBackend(Options.from_args(args))
         backend.setup()

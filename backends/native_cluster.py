@@ -1,20 +1,25 @@
-"""Where the native backend's workers are: TF_CONFIG checks, the Slurm preflight and the Slurm cluster resolver.
+"""Where the native backend's workers are: TF_CONFIG checks, the Slurm preflight and the Slurm cluster resolver,
+and for parameter-server training the roles (chief, worker, ps) and the server tasks.
 
 Cluster discovery, in order: ``TF_CONFIG`` if set; Slurm (``SlurmClusterResolver``) when the step has more than one
-task; otherwise a single worker. Everything before ``slurm_resolver`` runs before TensorFlow starts.
+task; otherwise a single worker. Everything before ``slurm_resolver`` (and ``ps_role``) runs before TensorFlow starts.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
 import sys
-from typing import Any
+import time
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from common import slurm_layout
 from common.cli import env_int
-from common.errors import UsageError
+from common.errors import EXIT_PEER_LOST, UsageError
+from common.job import Job
 
 
 def check_tf_config() -> None:
@@ -25,6 +30,8 @@ def check_tf_config() -> None:
     except (ValueError, KeyError, TypeError, AssertionError):
         raise UsageError('TF_CONFIG is malformed: expected {"cluster": {"worker": ["host:port", ...]}, '
                          '"task": {"type": "worker", "index": N}}') from None
+    if "ps" in tfc["cluster"]:
+        raise UsageError("TF_CONFIG lists ps tasks: parameter-server training needs --strategy parameter_server")
 
 
 def multi_task_slurm_step() -> bool:
@@ -102,3 +109,192 @@ def slurm_resolver(tf: Any, port_base: int, gpus_per_node: int, visible_gpus: in
         cluster_spec=spec, task_type="worker", task_id=int(os.environ.get("SLURM_PROCID", "0")),
         num_accelerators={"GPU": min(visible_gpus, 1)}, rpc_layer="grpc")
     return resolver, source
+
+
+# -- parameter-server training: roles, and the worker / ps tasks ----------------------------------------------
+PS_TASK_TYPES = ("chief", "worker", "ps")  # the names ParameterServerStrategy requires (chief = coordinator)
+CHIEF_PROBE_S = 0.5  # s between probes of the chief's port: servers exit about 2 s after the chief
+CHIEF_GONE_MISSES = 3  # failed probes in a row that mean the chief has exited (a listening port never refuses)
+NO_PS = ("--strategy parameter_server needs parameter servers: pass --ps N (local launcher, with --nproc W "
+         "workers), or a TF_CONFIG / an srun step holding chief, ps and worker tasks")
+
+
+@dataclass(frozen=True)
+class PSRole:
+    """This task's place in a parameter-server cluster: chief (coordinator), worker (computes) or ps (variables)."""
+
+    cluster: dict[str, list[str]]  # task type -> host:port addresses
+    task_type: str
+    task_index: int
+    source: str  # where the cluster came from: "tf_config" or "slurm"
+
+    @property
+    def chief(self) -> str:
+        return self.cluster["chief"][0]
+
+
+def ps_role(num_ps: int, port_base: int) -> PSRole:
+    """The parameter-server cluster and this task's role, from TF_CONFIG or a multi-task srun step (no TF).
+
+    Raises UsageError (one line) when there is no such cluster, or it lacks a chief, a ps or a worker.
+    """
+    if os.environ.get("TF_CONFIG"):
+        return _ps_role_from_tf_config()
+    if multi_task_slurm_step():
+        return _ps_role_from_slurm(num_ps, port_base)
+    raise UsageError(NO_PS)
+
+
+def _ps_role_from_tf_config() -> PSRole:
+    try:
+        tfc = json.loads(os.environ["TF_CONFIG"])
+        cluster = {str(k): [str(a) for a in v] for k, v in tfc["cluster"].items()}
+        task_type, index = tfc["task"]["type"], tfc["task"]["index"]
+        assert isinstance(index, int) and isinstance(task_type, str)
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+        raise UsageError('TF_CONFIG is malformed: expected {"cluster": {"chief": [...], "worker": [...], "ps": '
+                         '[...]}, "task": {"type": "chief|worker|ps", "index": N}}') from None
+    return _checked_role(cluster, task_type, index, "tf_config")
+
+
+def _ps_role_from_slurm(num_ps: int, port_base: int) -> PSRole:
+    """Roles from the task index: task 0 is the chief, tasks 1..N the parameter servers, the rest the workers."""
+    if num_ps < 1:
+        raise UsageError("--strategy parameter_server under srun needs --ps N: tasks 1..N of the step become "
+                         "parameter servers (task 0 is the chief, the others are workers)")
+    check_slurm_env(port_base)  # the same variable and port checks as for MWMS
+    try:
+        addresses = slurm_layout.step_workers(port_base)
+    except slurm_layout.LayoutError as e:
+        raise UsageError(str(e)) from None
+    if len(addresses) < num_ps + 2:
+        raise UsageError(f"--ps {num_ps} leaves no worker among the step's {len(addresses)} tasks: parameter_server "
+                         f"needs 1 chief + {num_ps} ps + at least 1 worker")
+    cluster = {"chief": addresses[:1], "ps": addresses[1:1 + num_ps], "worker": addresses[1 + num_ps:]}
+    procid = env_int("SLURM_PROCID", default=0)
+    if procid == 0:
+        return _checked_role(cluster, "chief", 0, "slurm")
+    if procid <= num_ps:
+        return _checked_role(cluster, "ps", procid - 1, "slurm")
+    return _checked_role(cluster, "worker", procid - 1 - num_ps, "slurm")
+
+
+def _checked_role(cluster: dict[str, list[str]], task_type: str, index: int, source: str) -> PSRole:
+    unknown = sorted(set(cluster) - set(PS_TASK_TYPES))
+    if unknown:
+        raise UsageError(f"parameter_server: the cluster has task type(s) {', '.join(unknown)}; only chief, worker "
+                         "and ps are allowed")
+    if len(cluster.get("chief", [])) != 1:
+        raise UsageError(f"parameter_server needs exactly one chief (the coordinator); the cluster lists "
+                         f"{len(cluster.get('chief', []))}")
+    if not cluster.get("ps"):
+        raise UsageError("parameter_server needs at least one ps task; the cluster has none")
+    if not cluster.get("worker"):
+        raise UsageError(f"parameter_server needs at least one worker; the cluster has {len(cluster['ps'])} ps "
+                         "but no worker")
+    if task_type not in PS_TASK_TYPES or not 0 <= index < len(cluster[task_type]):
+        raise UsageError(f"this task ({task_type} {index}) is not in the cluster "
+                         f"({', '.join(f'{len(v)} {k}' for k, v in cluster.items())})")
+    return PSRole(cluster, task_type, index, source)
+
+
+def ps_preflight(args: argparse.Namespace) -> None:
+    """--strategy parameter_server: the launch makes sense (each failure: one line, exit 2, no TF)."""
+    if args.bench:
+        raise UsageError("--bench allreduce measures collectives; parameter-server training has none (workers push "
+                         "their updates to the ps): benchmark mwms instead")
+    if os.environ.get("TF_CONFIG") and (args.ps or args.nproc > 1):
+        raise UsageError("--nproc and --ps make a local cluster with its own TF_CONFIG: unset TF_CONFIG or drop them")
+    if multi_task_slurm_step() and args.nproc > 1:
+        raise UsageError("under srun, Slurm starts every task: drop --nproc (--ps N makes tasks 1..N the parameter "
+                         "servers, the tasks after them the workers)")
+    if not launches_ps_locally(args):
+        ps_role(args.ps, args.port_base)  # a chief, ps and workers, and this task among them
+
+
+def launches_ps_locally(args: argparse.Namespace) -> bool:
+    """--ps N outside TF_CONFIG and srun: this process is the local launcher of chief, workers and ps."""
+    return bool(args.ps) and not os.environ.get("TF_CONFIG") and not multi_task_slurm_step()
+
+
+def check_ps_job(job: Job) -> None:
+    """Job settings the parameter-server loop cannot run (one line, exit 2, before TensorFlow starts)."""
+    if job.warmup_epochs:
+        raise UsageError("warmup_epochs sets one learning rate per global step, but parameter-server workers "
+                         "update at their own pace: use warmup_epochs=0 with --strategy parameter_server")
+    if job.steps_per_execution != 1:
+        raise UsageError("--strategy parameter_server schedules one worker step per function call: use "
+                         "steps_per_execution=1")
+    unsupported = [k for k, on in (("mixed_precision", job.mixed_precision), ("xla", job.xla)) if on]
+    if unsupported:
+        raise UsageError(f"{' and '.join(unsupported)} {'are' if len(unsupported) > 1 else 'is'} not supported "
+                         "with --strategy parameter_server (not in its loop): set to false")
+
+
+def serve_unless_chief(args: argparse.Namespace, prog: str) -> None:
+    """Return on the chief; a worker or ps task serves the chief until it has gone, then exits (never returns)."""
+    role = ps_role(args.ps, args.port_base)
+    if role.task_type == "chief":
+        return
+    local_rank = env_int("TWINBENCH_LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+    local_size = env_int("TWINBENCH_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", default=1)
+    # backends.base.configure_threads' share of the cores, without touching this process's eager context
+    threads = args.threads or max(1, len(os.sched_getaffinity(0)) // max(local_size, 1))
+    # The chief may take as long to come up as a stalled run to make progress (TF import, tracing): same limit.
+    serve(role, local_rank, threads, args.stall_timeout, prog)
+
+
+def chief_reachable(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        # 1 s: far above a connect on a live network, short enough to notice a vanished host within seconds
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_chief(address: str, wait_for: float) -> int:
+    """Return 0 once the chief, seen up, has gone; EXIT_PEER_LOST if it never came up within ``wait_for`` s (0 =
+    wait forever). The chief's gRPC port is open from the moment it connects to the cluster until it exits."""
+    seen, misses, t0 = False, 0, time.monotonic()
+    while True:
+        if chief_reachable(address):
+            seen, misses = True, 0
+        elif seen:
+            misses += 1
+            if misses >= CHIEF_GONE_MISSES:
+                return 0
+        elif wait_for > 0 and time.monotonic() - t0 > wait_for:
+            return EXIT_PEER_LOST
+        time.sleep(CHIEF_PROBE_S)
+
+
+def serve(role: PSRole, local_rank: int, threads: int, wait_for: float, prog: str) -> NoReturn:
+    """Run this worker or ps task's TensorFlow server until the chief has gone, then exit (0, or 3 if the chief
+    never came). ParameterServerStrategy's servers are meant to ``join()`` forever; watching the chief instead
+    means that no task outlives the run, under srun as under the local launcher."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        # The chief alone reacts to a preemption (it checkpoints, reading the variables from the servers); its
+        # exit then ends this task.
+        signal.signal(sig, signal.SIG_IGN)
+    import tensorflow as tf
+
+    # intra-op only: servers given 1 inter-op thread hung the run before its first step (observed, TF 2.21)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads)
+    gpus = tf.config.list_physical_devices("GPU")
+    if role.task_type == "worker" and gpus:
+        config.gpu_options.visible_device_list = str(local_rank % len(gpus))  # the documented pinning rule
+        config.gpu_options.allow_growth = True
+    else:
+        config.device_count["GPU"] = 0  # parameter servers hold variables on the host
+    tf.distribute.Server(tf.train.ClusterSpec(role.cluster), job_name=role.task_type, task_index=role.task_index,
+                         protocol="grpc", config=config, start=True)
+    status = wait_for_chief(role.chief, wait_for)
+    if status:
+        print(f"[{prog}] {role.task_type} {role.task_index}: the chief {role.chief} never came up within "
+              f"{wait_for:.0f} s; exiting", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(status)  # a TF server cannot be stopped; an interpreter exit could wait on its threads

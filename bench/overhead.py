@@ -1,10 +1,11 @@
 """Overhead benchmark: twinbench's throughput against minimal hand-written loops (custom loop, 2 workers).
 
-``python -m bench.overhead [--repeats 5] [--steps 300] [--job FILE] [--set key=value ...]``: interleaves twinbench
-runs (``--set mode=ctl``) with bench/plain_loops.py runs of the same model, optimizer, batch and steps, for each
-backend, and prints the median throughput ratio twinbench / plain (target >= 0.98). A benchmark that prints figures,
-not a test. The default job (smoke: a 2 ms MLP step) is the worst case for fixed per-step costs; for example
-``--set model=small_cnn --set per_replica_batch_size=64`` measures a step that does real work.
+``python -m bench.overhead [--preset smoke,real] [--repeats 3] [--steps N --warmup W] [--set key=value ...]``: for
+each preset job and each backend, interleaves twinbench runs (``--set mode=ctl``) with bench/plain_loops.py runs of
+the same model, optimizer, batch and steps, and prints the median throughput ratio twinbench / plain (the harness'
+tax is 1 - ratio; target: ratio >= 0.98), then the difference of the two backends' taxes (target: within 1 point).
+A benchmark that prints figures, not a test. Presets: ``smoke`` (the smoke MLP, a 1-3 ms step: the worst case for
+any fixed per-step cost) and ``real`` (MobileNetV2 on 64x64 images, 32 per replica: a step doing real work).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import backends
@@ -24,6 +26,21 @@ from common.localcluster import start_tf_config_workers
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 HVDRUN = str(Path(PY).parent / "horovodrun")
+TARGET_RATIO = 0.98  # a harness tax of at most 2%
+TARGET_TAX_DIFF = 0.01  # the two backends' taxes within 1 point of each other
+
+
+@dataclass(frozen=True)
+class Preset:
+    sets: tuple[str, ...]  # job overrides on jobs/smoke.toml
+    steps: int  # enough timed steps for a few seconds of training
+    warmup: int  # untimed first steps (tracing, autotune)
+
+
+PRESETS = {
+    "smoke": Preset((), 1500, 50),
+    "real": Preset(("model=MobileNetV2", "image_shape=[64,64,3]", "per_replica_batch_size=32"), 60, 10),
+}
 
 
 def _env() -> dict[str, str]:
@@ -33,13 +50,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _job_args(job: str, sets: list[str]) -> list[str]:
-    return ["--job", job, *(x for s in sets for x in ("--set", s))]
+def _job_args(sets: list[str]) -> list[str]:
+    return ["--job", "jobs/smoke.toml", *(x for s in sets for x in ("--set", s))]
 
 
-def twinbench(kind: str, steps: int, warm: int, job: str, sets: list[str]) -> float:
+def twinbench(kind: str, steps: int, warm: int, sets: list[str]) -> float:
     with tempfile.TemporaryDirectory() as out:
-        args = [*_job_args(job, sets), "--set", "mode=ctl", "--set", f"steps={steps}",
+        args = [*_job_args(sets), "--set", "mode=ctl", "--set", f"steps={steps}",
                 "--set", f"timing_warmup_steps={warm}", "--results", out, "--quiet"]
         cmd = backends.load(kind).local_command(2, args, python=PY)
         subprocess.run(cmd, cwd=REPO, env=_env(), check=True, capture_output=True)
@@ -47,8 +64,8 @@ def twinbench(kind: str, steps: int, warm: int, job: str, sets: list[str]) -> fl
         return rec["images_per_sec"]
 
 
-def plain(kind: str, steps: int, warm: int, job: str, sets: list[str]) -> float:
-    args = ["-m", "bench.plain_loops", kind, str(steps), str(warm), *_job_args(job, sets)]
+def plain(kind: str, steps: int, warm: int, sets: list[str]) -> float:
+    args = ["-m", "bench.plain_loops", kind, str(steps), str(warm), *_job_args(sets)]
     if kind == "horovod":
         proc = subprocess.run([HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *args], cwd=REPO, env=_env(),
                               check=True, capture_output=True, text=True)
@@ -62,28 +79,51 @@ def plain(kind: str, steps: int, warm: int, job: str, sets: list[str]) -> float:
     return recs[0]["global_batch"] * recs[0]["timed_steps"] / wall
 
 
+def measure(name: str, sets: list[str], steps: int, warm: int, repeats: int) -> dict[str, list[float]]:
+    """Ratios twinbench / plain per backend, every repeat interleaved across backends and sides."""
+    ratios: dict[str, list[float]] = {kind: [] for kind in backends.names()}
+    for i in range(repeats):
+        for kind in backends.names():
+            # alternate which side goes first: drifts of the machine hit both sides alike
+            order = (twinbench, plain) if i % 2 == 0 else (plain, twinbench)
+            got = {f.__name__: f(kind, steps, warm, sets) for f in order}
+            ratios[kind].append(got["twinbench"] / got["plain"])
+            print(f"{name} {kind} repeat {i + 1}: twinbench {got['twinbench']:9.1f} img/s, plain "
+                  f"{got['plain']:9.1f} img/s, ratio {ratios[kind][-1]:.3f}", flush=True)
+    return ratios
+
+
+def summarize(name: str, ratios: dict[str, list[float]]) -> None:
+    med = {kind: statistics.median(r) for kind, r in ratios.items()}
+    for kind, r in ratios.items():
+        print(f"{name} {kind}: median ratio twinbench/plain = {med[kind]:.3f} ({min(r):.3f}-{max(r):.3f}) over "
+              f"{len(r)} repeats, tax {100 * (1 - med[kind]):+.1f}% (target ratio >= {TARGET_RATIO})", flush=True)
+    a, b = backends.RATIO
+    diff = (1 - med[b]) - (1 - med[a])
+    print(f"{name}: tax difference {b} - {a} = {100 * diff:+.1f} points (target within "
+          f"{100 * TARGET_TAX_DIFF:.0f})", flush=True)
+
+
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--repeats", type=int, default=5, help="interleaved pairs per backend (default 5)")
-    p.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed first steps (default 20)")
-    p.add_argument("--job", default="jobs/smoke.toml", help="job file (default jobs/smoke.toml)")
-    p.add_argument("--set", action="append", default=[], dest="sets", help="job override key=value (repeatable)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="smoke,real", help=f"comma-separated, of {', '.join(PRESETS)} (default both)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved pairs per backend and preset (default 3)")
+    p.add_argument("--steps", type=int, default=0, help="training steps per run (default: the preset's)")
+    p.add_argument("--warmup", type=int, default=-1, help="untimed first steps (default: the preset's)")
+    p.add_argument("--set", action="append", default=[], dest="sets", help="extra job override key=value")
     a = p.parse_args()
-    print(f"job {a.job} {' '.join(a.sets)}, {a.steps} steps ({a.warmup} untimed), custom loop, 2 workers", flush=True)
-    for kind in backends.names():
-        ratios = []
-        for i in range(a.repeats):
-            # interleaved, alternating which goes first: drifts of the machine hit both sides alike
-            first, second = (twinbench, plain) if i % 2 == 0 else (plain, twinbench)
-            r1 = first(kind, a.steps, a.warmup, a.job, a.sets)
-            r2 = second(kind, a.steps, a.warmup, a.job, a.sets)
-            tb, pl = (r1, r2) if first is twinbench else (r2, r1)
-            ratios.append(tb / pl)
-            print(f"{kind} repeat {i + 1}: twinbench {tb:9.1f} img/s, plain {pl:9.1f} img/s, ratio {tb / pl:.3f}",
-                  flush=True)
-        print(f"{kind}: median ratio twinbench/plain = {statistics.median(ratios):.3f} over {a.repeats} repeats "
-              f"(target >= 0.98)", flush=True)
+    names = [n for n in a.preset.split(",") if n]
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or a.repeats < 1:
+        print(f"bench.overhead: unknown preset {unknown} or --repeats < 1", file=sys.stderr)
+        return 2
+    for name in names:
+        pre = PRESETS[name]
+        steps, warm = a.steps or pre.steps, pre.warmup if a.warmup < 0 else a.warmup
+        sets = [*pre.sets, *a.sets]
+        print(f"{name}: jobs/smoke.toml {' '.join(sets)}, {steps} steps ({warm} untimed), custom loop, 2 workers",
+              flush=True)
+        summarize(name, measure(name, sets, steps, warm, a.repeats))
     return 0
 
 

@@ -2,10 +2,12 @@
 
 ``python -m bench.plain_loops native|horovod STEPS WARMUP [--job FILE] [--set key=value ...]``: the job's model,
 optimizer, LR and per-replica batch (built with twinbench's own model/optimizer factories, which are not overhead)
-on in-memory synthetic data of the job's shape, trained by the IDRIS-page MWMS custom loop (native, TF_CONFIG) or a
-plain Horovod DistributedGradientTape loop (under horovodrun). No per-step host sync, no recording: what a user would
-write. Each rank prints one JSON line with its wall time over the timed steps. ``PLAIN_SYNC=1`` reads the loss after
-every step, as twinbench must to time each step: the difference between the two is the price of per-step timing.
+on the job's own input pipeline (``common.data.make_train_dataset``, the exact sharding both backends use: the data
+is the job's, not the harness', so the ratio isolates what twinbench adds around the step), trained by the
+IDRIS-page MWMS custom loop (native, TF_CONFIG; datasets from a function, as twinbench) or a plain Horovod
+DistributedGradientTape loop (under horovodrun). No host sync, no recording: what a user would write. Each rank
+prints one JSON line with its wall time over the timed steps. ``PLAIN_SYNC=1`` reads the loss after every step, to
+show the price of a per-step sync (twinbench's ``sync_every_steps = 1``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _horovod_loop(tf: Any, job: Any, ds: Any, b: int, lr: float) -> tuple[Any, A
     loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     model = build_model(job, shape, job.num_classes)
     opt = build_optimizer(job, lr)
-    it = iter(ds.shard(hvd.size(), hvd.rank()).batch(b, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE))
+    it = iter(ds(hvd.rank(), hvd.size()))
 
     @tf.function
     def step() -> Any:
@@ -61,8 +63,8 @@ def _mwms_loop(tf: Any, strategy: Any, job: Any, ds: Any, gb: int, lr: float) ->
     with strategy.scope():
         model = build_model(job, shape, job.num_classes)
         opt = build_optimizer(job, lr)
-    it = iter(strategy.experimental_distribute_dataset(
-        ds.batch(gb, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)))
+    it = iter(strategy.distribute_datasets_from_function(
+        lambda ctx: ds(ctx.input_pipeline_id, ctx.num_input_pipelines)))
 
     def step_fn(xb: Any, yb: Any) -> Any:
         with tf.GradientTape() as tape:
@@ -108,10 +110,10 @@ def main() -> int:
     tf.keras.utils.set_random_seed(job.seed)
     gb = b * size
     lr = job.scaled_learning_rate(size)
-    n = max(1024, 4 * gb)
-    x = tf.random.Generator.from_seed(1).uniform([n, *tuple(job.image_shape)])
-    y = tf.cast(tf.math.floormod(tf.range(n), job.num_classes), tf.int32)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=job.seed)
+    from common.data import make_train_dataset
+
+    def ds(index: int, count: int) -> Any:
+        return make_train_dataset(job, gb, index, count)
     step, value = _horovod_loop(tf, job, ds, b, lr) if kind == "horovod" else _mwms_loop(tf, strategy, job, ds, gb, lr)
 
     for _ in range(warm - 1):

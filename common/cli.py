@@ -50,12 +50,15 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     r.add_argument("--stall-timeout", type=float, default=rel.STALL_TIMEOUT,
                    help=f"seconds without a finished step before the run is declared hung (default "
                         f"{rel.STALL_TIMEOUT:g}, covers first-step tracing; 0 = off)")
-    r.add_argument("--preempt-check-steps", type=int, default=PREEMPT_CHECK_STEPS,
-                   help="every N steps all ranks agree whether SIGTERM/SIGUSR1 arrived (default 10: one scalar "
-                        "collective per 10 steps, at most 10 extra steps after a signal)")
+    r.add_argument("--preempt-check-steps", type=int, default=None,
+                   help="every N steps all ranks agree whether SIGTERM/SIGUSR1 arrived (default: about once a "
+                        "second, at a host sync that happens anyway: the interval in steps follows the measured step "
+                        f"time; every {PREEMPT_CHECK_STEPS} steps until it is known)")
     r.add_argument("--resume-from", default=None, metavar="DIR",
                    help="resume from this checkpoint dir (default: the run's own in RESULTS/checkpoints, if any)")
     r.add_argument("--signal-at-step", type=int, default=0, help=argparse.SUPPRESS)  # testing aid: self-SIGTERM
+    # testing aid: host sleep after every step (execution), outside the step call; the clock must count it
+    r.add_argument("--pause-between-steps", type=float, default=0.0, help=argparse.SUPPRESS)
     return p
 
 
@@ -80,7 +83,7 @@ def _check_numbers(prog: str, args: argparse.Namespace) -> None:
         fail(prog, f"--peer-timeout must be > 0 seconds, got {args.peer_timeout}")
     if args.stall_timeout < 0:
         fail(prog, f"--stall-timeout must be >= 0 seconds (0 = off), got {args.stall_timeout}")
-    if args.preempt_check_steps < 1:
+    if args.preempt_check_steps is not None and args.preempt_check_steps < 1:
         fail(prog, f"--preempt-check-steps must be >= 1, got {args.preempt_check_steps}")
 
 
@@ -109,7 +112,8 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
     opts = RunOptions(
         t_process_start=t0, command=tuple(command_line()), results_dir=args.results, verbose=not args.quiet,
         peer_timeout=args.peer_timeout, stall_timeout=args.stall_timeout,
-        preempt_check_steps=args.preempt_check_steps, signal_at_step=args.signal_at_step,
+        preempt_check_steps=args.preempt_check_steps or 0, signal_at_step=args.signal_at_step,
+        pause_between_steps=max(args.pause_between_steps, 0.0),
         resume_from=args.resume_from, bench=bench,
     )
     return job, opts

@@ -8,22 +8,28 @@ Parity rule (both backends call ``make_train_dataset``; see its docstring): one 
 training set with the job's seed, cut into global batches of G samples, global batch k split into consecutive
 per-replica slots of b samples. Concatenating every replica's batch k therefore gives exactly batch k of
 ``shuffle(n, seed).batch(G, drop_remainder=True)``, whatever the number of processes or replicas per process.
+TFRecord shards keep the rule by reading each record by its byte offset (``common.tfrecord``), except with the
+opt-in ``tfrecord_sharding = "files"`` (each rank streams its own shards: fastest, no cross-world-size parity).
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common import tfrecord
 from common.datasets import DATASETS, DataError, list_image_folder
+from common.errors import UsageError
 from common.job import Job
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["DataError", "dataset_info", "list_image_folder", "load_arrays", "make_train_dataset", "shard_geometry"]
+__all__ = ["DataError", "DataUsageError", "dataset_info", "list_image_folder", "load_arrays", "make_train_dataset",
+           "shard_geometry"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -86,7 +92,10 @@ def make_train_dataset(job: Job, global_batch_size: int, pipeline_index: int, nu
     into G/b replica slots in order; this pipeline yields its replicas_per_pipeline consecutive slots of global
     batch 0, then of global batch 1, ... An epoch is n // G steps. Equivalent to filtering the enumerated shuffle
     by slot; implemented by shuffling indices and slicing each global batch, then gathering/decoding only the
-    samples of this pipeline.
+    samples of this pipeline (TFRecords: reading only its records, by byte offset).
+
+    The one exception is ``tfrecord_sharding = "files"``: each pipeline reads its own shards (round robin) in its
+    own shuffled order, faster but without the rule (no parity across world sizes or backends' pipelines).
 
     replicas_per_pipeline defaults to 1, one replica per process (Horovod; MWMS with one device per worker); with
     several local replicas, consecutive elements go to consecutive local replicas, as tf.distribute feeds them.
@@ -104,16 +113,42 @@ def make_train_dataset(job: Job, global_batch_size: int, pipeline_index: int, nu
     if seeds[0] != job.seed % (2**31 - 1):
         raise RuntimeError(f"make_train_dataset: call tf.keras.utils.set_random_seed({job.seed}) first "
                            f"(global seed is {seeds[0]}): the shuffle order depends on it")
-    files = DATASETS[job.dataset].files  # None: the dataset is in memory as arrays
-    if files is not None:
-        n, (h, w, c), _ = dataset_info(job)  # e.g. a directory listing; files are read later, only this rank's
-        paths, labels, _ = files(job)
+    spec = DATASETS[job.dataset]
+    slots = _Slots(global_batch_size, b, lo, hi, replicas_per_pipeline, start_step)
+    if spec.records is not None:
+        ds = _tfrecord_stream(tf, job, spec.records(job), slots, pipeline_index, num_pipelines)
+    elif spec.files is not None:
+        ds = _file_stream(tf, job, slots)
     else:
-        images, labels = load_arrays(job, scaled=False)  # raw uint8: 4x less memory than float32
-        n, h, w, c = images.shape
-    if n < global_batch_size:
-        raise DataError(f"{job.dataset}: {n} training samples are fewer than one global batch of {global_batch_size}")
+        ds = _array_stream(tf, job, slots)
 
+    options = tf.data.Options()
+    options.deterministic = True
+    # sharding is done above; letting tf.distribute shard again would drop or duplicate samples
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+class DataUsageError(DataError, UsageError):
+    """Data that cannot feed this world size, found once it is known (TensorFlow running): exit status 2."""
+
+
+@dataclass(frozen=True)
+class _Slots:
+    """This pipeline's share of every global batch: G samples, b per replica, positions [lo, hi)."""
+
+    global_batch: int
+    b: int
+    lo: int
+    hi: int
+    replicas: int  # replicas fed by this pipeline
+    start_step: int  # global batches already consumed (resume)
+
+
+def _global_slots(tf: Any, job: Job, n: int, s: _Slots) -> tf.data.Dataset:
+    """The parity rule as a stream of index vectors: this pipeline's [lo, hi) slice of every global batch."""
+    if n < s.global_batch:
+        raise DataError(f"{job.dataset}: {n} training samples are fewer than one global batch of {s.global_batch}")
     # Shuffle indices, not samples: the permutation of ShuffleDataset depends only on (seeds, buffer, n), so this
     # is the order shuffle(...) of the samples themselves would give, with an n-int64 buffer instead of the data.
     ds = tf.data.Dataset.range(n).shuffle(n, seed=job.seed, reshuffle_each_iteration=True)
@@ -121,32 +156,57 @@ def make_train_dataset(job: Job, global_batch_size: int, pipeline_index: int, nu
     # order inside the slice is the slot order, so replica r of this pipeline gets rows [r*b, (r+1)*b).
     # repeat() right after the shuffle+batch: each repetition re-iterates the shuffle (a new order per epoch), and
     # skip(start_step) then resumes an interrupted run exactly where it stopped, skipping indices, not images.
-    ds = ds.batch(global_batch_size, drop_remainder=True).repeat().skip(start_step).map(lambda idx: idx[lo:hi])
+    return ds.batch(s.global_batch, drop_remainder=True).repeat().skip(s.start_step).map(lambda idx: idx[s.lo:s.hi])
 
-    if files is not None:
-        paths_t, labels_t = tf.constant(paths), tf.constant(labels)
 
-        def decode(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            raw = tf.io.decode_image(tf.io.read_file(paths_t[i]), channels=c, expand_animations=False)
-            img = tf.image.resize(raw, (h, w))  # bilinear, float32 still in [0, 255]; identity at the same size
-            return img / 255.0, labels_t[i]
+def _array_stream(tf: Any, job: Job, s: _Slots) -> tf.data.Dataset:
+    images, labels = load_arrays(job, scaled=False)  # raw uint8: 4x less memory than float32
+    n, h, w, c = images.shape
+    ds = _global_slots(tf, job, n, s)
+    images_t, labels_t = tf.constant(images), tf.constant(labels)
+    reps, b = s.replicas, s.b
 
-        # decode after slicing: a rank never reads another rank's files; deterministic=True keeps slot order
-        ds = ds.unbatch().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        ds = ds.batch(b, drop_remainder=True)
+    def gather(idx: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        x = tf.cast(tf.gather(images_t, idx), tf.float32) / 255.0  # same float32 division as load_arrays
+        return tf.reshape(x, (reps, b, h, w, c)), tf.reshape(tf.gather(labels_t, idx), (reps, b))
+
+    # one element per replica slot, in slot order
+    return ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+
+
+def _file_stream(tf: Any, job: Job, s: _Slots) -> tf.data.Dataset:
+    n, (h, w, c), _ = dataset_info(job)  # e.g. a directory listing; files are read later, only this rank's
+    paths, labels, _ = DATASETS[job.dataset].files(job)
+    ds = _global_slots(tf, job, n, s)
+    paths_t, labels_t = tf.constant(paths), tf.constant(labels)
+
+    def decode(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        raw = tf.io.decode_image(tf.io.read_file(paths_t[i]), channels=c, expand_animations=False)
+        img = tf.image.resize(raw, (h, w))  # bilinear, float32 still in [0, 255]; identity at the same size
+        return img / 255.0, labels_t[i]
+
+    # decode after slicing: a rank never reads another rank's files; deterministic=True keeps slot order
+    ds = ds.unbatch().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.batch(s.b, drop_remainder=True)
+
+
+def _tfrecord_stream(tf: Any, job: Job, index: tfrecord.RecordIndex, s: _Slots, pipeline_index: int,
+                     num_pipelines: int) -> tf.data.Dataset:
+    """Exact: the rule's index stream, each record read by offset. Files: this pipeline's shards, streamed."""
+    _, shape, num_classes = dataset_info(job)
+    if job.tfrecord_sharding == "files":
+        shards = len(index.paths)
+        if shards < num_pipelines:
+            raise DataUsageError(f"tfrecord: tfrecord_sharding = \"files\" needs a shard per input pipeline: "
+                                 f"{shards} shards for {num_pipelines} pipelines; use more shards, fewer workers "
+                                 "or tfrecord_sharding = \"exact\"")
+        mine = int(index.counts[pipeline_index::num_pipelines].sum())
+        if mine < s.b * s.replicas:
+            raise DataUsageError(f"tfrecord: pipeline {pipeline_index}'s shards hold {mine} records, fewer than one "
+                                 f"step of {s.b * s.replicas}; use tfrecord_sharding = \"exact\"")
+        ds = tfrecord.read_by_files(tf, index, pipeline_index, num_pipelines, job.seed,
+                                    s.start_step * s.b * s.replicas)
     else:
-        images_t, labels_t = tf.constant(images), tf.constant(labels)
-        reps = replicas_per_pipeline
-
-        def gather(idx: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            x = tf.cast(tf.gather(images_t, idx), tf.float32) / 255.0  # same float32 division as load_arrays
-            return tf.reshape(x, (reps, b, h, w, c)), tf.reshape(tf.gather(labels_t, idx), (reps, b))
-
-        # one element per replica slot, in slot order
-        ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
-
-    options = tf.data.Options()
-    options.deterministic = True
-    # sharding is done above; letting tf.distribute shard again would drop or duplicate samples
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+        ds = tfrecord.read_by_index(tf, index, _global_slots(tf, job, index.size, s).unbatch())
+    decode = tfrecord.decoder(tf, shape, num_classes, job.tfrecord_label_offset)
+    return ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(s.b, drop_remainder=True)

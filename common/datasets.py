@@ -7,9 +7,10 @@ order is the order job errors list the names in.
 
 Nothing is ever downloaded: every real dataset is read from ``job.data_dir`` in the exact format Keras caches it
 (``mnist.npz``, the four Fashion-MNIST idx ``.gz`` files, the CIFAR-10 python pickle batches) or, for
-``image_folder``, from ``data_dir/<class_name>/*.{jpg,jpeg,png}``. This module never imports TensorFlow (so
-``common.job`` can validate against it before TF starts), nor ``common.job`` (which imports it): a job is anything
-with the fields of ``DatasetJob``.
+``image_folder``, from ``data_dir/<class_name>/*.{jpg,jpeg,png}``, or, for ``tfrecord``, from ImageNet's
+``train-NNNNN-of-NNNNN`` TFRecord shards (format and record index in ``common.tfrecord``). This module never imports
+TensorFlow (so ``common.job`` can validate against it before TF starts), nor ``common.job`` (which imports it): a job
+is anything with the fields of ``DatasetJob``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from common import tfrecord
 
 
 class DataError(ValueError):
@@ -44,6 +47,8 @@ class DatasetJob(Protocol):
     def synthetic_samples(self) -> int: ...
     @property
     def seed(self) -> int: ...
+    @property
+    def tfrecord_label_offset(self) -> int: ...
 
 
 # (training samples, (H, W, C), number of classes)
@@ -52,13 +57,15 @@ DatasetInfo = tuple[int, tuple[int, int, int], int]
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """One dataset. Exactly one of ``load`` (arrays in memory) and ``files`` (decoded in the tf.data pipeline)."""
+    """One dataset. Exactly one of ``load`` (arrays in memory), ``files`` (one file per sample) and ``records``
+    (TFRecord shards); the last two are decoded in the tf.data pipeline."""
 
     name: str
     description: str  # one line
     info: Callable[[DatasetJob], DatasetInfo]  # file checks from headers / listings only (cheap); DataError if bad
     load: Callable[[DatasetJob], tuple[np.ndarray, np.ndarray]] | None = None  # raw uint8 [N,H,W,C], int32 [N]
     files: Callable[[DatasetJob], tuple[list[str], np.ndarray, list[str]]] | None = None  # paths, labels, classes
+    records: Callable[[DatasetJob], tfrecord.RecordIndex] | None = None  # every record's shard and byte offset
     needs_data_dir: bool = True  # files come from job.data_dir: a job without data_dir is rejected
     job_fields: tuple[str, ...] = ()  # job keys it reads among image_shape, num_classes, synthetic_samples (hashed)
 
@@ -67,11 +74,11 @@ DATASETS: dict[str, DatasetSpec] = {}  # name -> spec, in registration order
 
 
 def register(spec: DatasetSpec) -> DatasetSpec:
-    """Add a dataset to ``DATASETS`` (ValueError for a duplicate name or not exactly one of load / files)."""
+    """Add a dataset to ``DATASETS`` (ValueError for a duplicate name or not exactly one of load / files / records)."""
     if spec.name in DATASETS:
         raise ValueError(f"dataset {spec.name!r} is already registered")
-    if (spec.load is None) == (spec.files is None):
-        raise ValueError(f"dataset {spec.name!r}: give exactly one of load= and files=")
+    if sum(x is not None for x in (spec.load, spec.files, spec.records)) != 1:
+        raise ValueError(f"dataset {spec.name!r}: give exactly one of load= and files= (or records= for TFRecords)")
     DATASETS[spec.name] = spec
     return spec
 
@@ -362,3 +369,28 @@ def _image_folder_info(job: DatasetJob) -> DatasetInfo:
 register(DatasetSpec(
     "image_folder", "images in data_dir/<class_name>/, resized to image_shape; classes sorted by name",
     info=_image_folder_info, files=list_image_folder, job_fields=("image_shape", "num_classes")))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tfrecord: ImageNet's data_dir/train-NNNNN-of-NNNNN TFRecord shards (tf.train.Example: JPEG + int64 label)
+# ----------------------------------------------------------------------------------------------------------------
+def _tfrecord_index(job: DatasetJob) -> tfrecord.RecordIndex:
+    try:
+        return tfrecord.record_index(_data_dir(job))
+    except tfrecord.FormatError as e:
+        raise DataError(f"tfrecord: {e}") from None
+
+
+def _tfrecord_info(job: DatasetJob) -> DatasetInfo:
+    if job.image_shape[2] not in (1, 3):
+        raise DataError(f"tfrecord: image_shape channels must be 1 or 3 (JPEG), got {job.image_shape[2]}")
+    return _tfrecord_index(job).size, _shape3(job.image_shape), job.num_classes
+
+
+# Labels: image/class/label - tfrecord_label_offset must be in [0, num_classes). The offset defaults to 1 because
+# ImageNet's build scripts store 1..1000 (Model Garden subtracts 1 too); tf_cnn_benchmarks' 1001-class setup is
+# offset 0 with num_classes = 1001. Checked per record in the pipeline: counting never reads the Examples.
+register(DatasetSpec(
+    "tfrecord", "ImageNet-style data_dir/train-NNNNN-of-NNNNN TFRecords (JPEG + label), resized to image_shape",
+    info=_tfrecord_info, records=_tfrecord_index,
+    job_fields=("image_shape", "num_classes", "tfrecord_sharding", "tfrecord_label_offset")))

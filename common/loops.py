@@ -18,13 +18,14 @@ import math
 import os
 import signal
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import Backend
 from common import reliability as rel
 from common.job import Job
-from common.runconfig import RunOptions
+from common.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS, RunOptions
 
 
 def warmup_multiplier(epoch: float, steps_per_epoch: int, replicas: int, warmup_epochs: int) -> float:
@@ -57,33 +58,101 @@ class Plan:
 
 @dataclass
 class StepHooks:
-    """What happens around every training step in both modes: timing, loss record, watchdog, preemption."""
+    """What happens between the training steps in both modes: host syncs, clock marks, watchdog, preemption.
+
+    The loops hand steps to the runtime without waiting for them; the host waits for the device only at a *sync*
+    (reading the block of losses the device accumulated since the last one, ``LossRing``). Each sync records a
+    clock mark (steps done in this run, ``perf_counter``), so wall time between marks includes everything: the
+    steps, input waits, the harness' own work between steps and this agreement. Syncs happen after the first
+    step (time to first step), at the end of the untimed warm-up, at every multiple of ``sync_every`` steps and
+    at the last step; the preemption agreement rides on one of these (or on syncs ``--preempt-check-steps`` adds).
+
+    The agreement is a collective (1-4 ms on this CPU, more than a millisecond step). By default it runs at a sync
+    that happens anyway, about once every PREEMPT_CHECK_SECONDS: each agreement also sums the ranks' recent step
+    times, from which every rank derives the same next interval in steps.
+    """
 
     backend: Backend
     opts: RunOptions
     start_step: int  # global steps already done (a resumed run)
     total: int  # global steps the job runs
+    sync_every: int  # job.sync_every_steps
+    timing_warmup: int  # job.timing_warmup_steps
     preemption: rel.Preemption
     watchdog: rel.Watchdog | None
-    begins: list[float] = field(default_factory=list)
-    ends: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
+    dispatched: int = 0  # steps of this run handed to the runtime so far
+    marks: list[tuple[int, float]] = field(default_factory=list)  # (steps done in this run, perf_counter)
+    losses: list[float] = field(default_factory=list)  # this rank's loss of every step of this run
     first_step_done: float | None = None
     stopped_at: int | None = None
+    _last_check: int = 0  # steps done at the last agreement
+    _last_check_time: float = 0.0
+    _check_every: int = 0  # steps between agreements (0 until the clock starts)
 
     @property
     def global_step(self) -> int:
-        """0-based index of the step about to run (or running)."""
-        return self.start_step + len(self.losses)
+        """0-based index of the next step to hand to the runtime."""
+        return self.start_step + self.dispatched
 
-    def begin(self) -> None:
-        self.begins.append(time.perf_counter())
+    @property
+    def run_steps(self) -> int:
+        return self.total - self.start_step
 
-    def end(self, loss: float) -> bool:
-        """Record a finished step; True when training must stop now (done or preempted)."""
-        self.ends.append(time.perf_counter())
-        self.losses.append(loss)
-        done = self.global_step  # steps completed
+    @property
+    def warm(self) -> int:
+        """Untimed first steps of this run: at least one step is always timed."""
+        return min(self.timing_warmup, max(self.run_steps - 1, 0))
+
+    @property
+    def check_every(self) -> int:
+        """Steps between two preemption agreements (identical on every rank)."""
+        return self._check_every
+
+    def _next_check_every(self, seconds_per_step: float) -> int:
+        """About PREEMPT_CHECK_SECONDS of steps, in whole sync intervals (so the agreement rides on a sync)."""
+        if self.opts.preempt_check_steps:
+            return self.opts.preempt_check_steps
+        if not seconds_per_step > 0:
+            return max(self.sync_every, PREEMPT_CHECK_STEPS)
+        syncs = math.ceil(PREEMPT_CHECK_SECONDS / seconds_per_step / self.sync_every)
+        return max(syncs, 1) * self.sync_every
+
+    @property
+    def synced(self) -> int:
+        """Steps of this run whose losses the host has read."""
+        return self.marks[-1][0] if self.marks else 0
+
+    def start_clock(self) -> None:
+        """Right before the first step is handed over: the mark the first window (and time to first step) starts."""
+        self.marks.append((0, time.perf_counter()))
+        self._last_check_time = self.marks[0][1]
+        # until the first agreement measures the step time: every PREEMPT_CHECK_STEPS steps, at syncs
+        self._check_every = self.opts.preempt_check_steps or max(self.sync_every, PREEMPT_CHECK_STEPS)
+
+    def between_steps(self) -> None:
+        if self.opts.pause_between_steps:
+            time.sleep(self.opts.pause_between_steps)  # testing aid: work between steps the clock must count
+
+    def sync_due(self) -> bool:
+        """Must the host wait for the device now (after ``dispatched`` steps)? Same answer on every rank."""
+        d, last = self.dispatched, self.synced
+        signal_step = self.opts.signal_at_step - self.start_step
+
+        def crossed(step: int) -> bool:
+            return last < step <= d
+
+        # an explicit --preempt-check-steps may ask for agreements between the regular syncs
+        asked = self.opts.preempt_check_steps and d - self._last_check >= self.opts.preempt_check_steps
+        return bool(last == 0 or d >= self.run_steps or d % self.sync_every == 0 or crossed(self.warm) or asked
+                    or (signal_step > 0 and crossed(signal_step)))
+
+    def sync(self, losses: list[float]) -> bool:
+        """Record a block just read (the read waited for its steps); True when training must stop now."""
+        self.marks.append((self.dispatched, time.perf_counter()))
+        self.losses.extend(losses)
+        if len(self.losses) != self.dispatched:
+            raise RuntimeError(f"loss block out of step: {len(self.losses)} losses for {self.dispatched} steps")
+        done = self.global_step
         if self.first_step_done is None:
             self.first_step_done = time.time()
             if self.opts.verbose and self.backend.is_chief:
@@ -91,20 +160,62 @@ class StepHooks:
                       "process start", flush=True)
         if self.watchdog is not None:
             self.watchdog.progress(f"step {done}")
-        if self.opts.signal_at_step == done and self.backend.is_chief:
+        if self.opts.signal_at_step and done >= self.opts.signal_at_step and self.backend.is_chief \
+                and self.preemption.signalled is None:
             os.kill(os.getpid(), signal.SIGTERM)
-        if done >= self.total:
+        if self.dispatched >= self.run_steps:
             return True
-        if done % self.opts.preempt_check_steps == 0:
-            # Every rank asks at the same steps, so all stop after the same step even if only some got the
-            # signal. Outside the step's timed interval (begin/end above).
-            if self.backend.any_flag(self.preemption.signalled is not None):
-                self.stopped_at = done
-                return True
+        if self.dispatched - self._last_check >= self.check_every:
+            return self._agree()
         return False
 
-    def step_times(self) -> list[float]:
-        return [e - b for b, e in zip(self.begins, self.ends)]
+    def _agree(self) -> bool:
+        """The preemption agreement: True (and ``stopped_at`` set) when any rank got SIGTERM/SIGUSR1."""
+        now = self.marks[-1][1]
+        per_step = (now - self._last_check_time) / max(self.dispatched - self._last_check, 1)
+        # Every rank agrees at the same steps, so all stop after the same step even if only some got the signal.
+        # After this rank's mark: its cost is in the next window's wall time like any other work of the harness.
+        flags, seconds = self.backend.allsum([1.0 if self.preemption.signalled is not None else 0.0, per_step])
+        self._last_check, self._last_check_time = self.dispatched, now
+        self._check_every = self._next_check_every(seconds / self.backend.num_workers)  # same sum on every rank
+        if flags > 0:
+            self.stopped_at = self.global_step
+            return True
+        return False
+
+    def clock_marks(self) -> list[list[float]]:
+        """The marks as [steps done in this run, seconds since the first mark] (JSON, comparable across ranks)."""
+        t0 = self.marks[0][1] if self.marks else 0.0
+        return [[d, t - t0] for d, t in self.marks]
+
+
+class LossRing:
+    """Each step's loss written on the device into a ring of ``size`` slots; the host reads a block per sync.
+
+    ``size`` >= the steps between two syncs (``sync_every``), so no slot is overwritten before it is read. One row
+    per local replica: the host averages them in float64, as the per-step read always did.
+    """
+
+    def __init__(self, size: int, local_replicas: int) -> None:
+        import tensorflow as tf
+
+        self.size = size
+        # Not a model attribute (Keras would track and checkpoint it): held by the loops only.
+        self.values = tf.Variable(tf.zeros([size, local_replicas], tf.float32), trainable=False,
+                                  name="twinbench_step_losses")
+
+    def write(self, step: Any, per_replica: list[Any]) -> Any:
+        """In the step function: store this step's losses (one per local replica) at slot ``step % size``."""
+        import tensorflow as tf
+
+        row = tf.stack([tf.cast(v, tf.float32) for v in per_replica])
+        slot = tf.cast(step % self.size, tf.int32)
+        return self.values.scatter_nd_update([[slot]], [row])
+
+    def read(self, first: int, stop: int) -> list[float]:
+        """Losses of run steps [first, stop), each the mean over local replicas; waits for those steps."""
+        block = self.values.numpy()  # the one host <-> device sync of this block
+        return [float(sum(float(v) for v in block[i % self.size]) / block.shape[1]) for i in range(first, stop)]
 
 
 # -- Keras fit ----------------------------------------------------------------------------------------------
@@ -112,18 +223,23 @@ def _fit_callback_classes() -> Any:
     import tensorflow as tf
 
     class StepRecorder(tf.keras.callbacks.Callback):
-        """Feeds Keras' batches to the shared ``StepHooks`` (timing, loss, watchdog, preemption agreement)."""
+        """Feeds Keras' executions to the shared ``StepHooks``: a sync (loss block, clock mark) when one is due."""
 
-        def __init__(self, hooks: StepHooks) -> None:
+        def __init__(self, hooks: StepHooks, ring: LossRing) -> None:
             super().__init__()
-            self.hooks = hooks
+            self.hooks, self.ring = hooks, ring
+            self.epoch_start = 0
+            # Keras then passes the logs on as tensors: converting them would wait for every step.
+            self._supports_tf_logs = True
 
-        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            self.hooks.begin()
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.epoch_start = self.hooks.dispatched
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            # float() waits for the step: the timing below covers the whole step.
-            if self.hooks.end(float(logs["step_loss"])):
+            hooks = self.hooks
+            hooks.dispatched = self.epoch_start + batch + 1  # batch: index of the execution's last step
+            hooks.between_steps()
+            if hooks.sync_due() and hooks.sync(self.ring.read(hooks.synced, hooks.dispatched)):
                 self.model.stop_training = True  # `steps` may end mid-epoch; preemption ends it anywhere
 
     class WarmupLR(tf.keras.callbacks.Callback):
@@ -132,6 +248,7 @@ def _fit_callback_classes() -> Any:
         def __init__(self, hooks: StepHooks, lr: float, steps_per_epoch: int, replicas: int, warmup: int) -> None:
             super().__init__()
             self.hooks, self.args = hooks, (lr, steps_per_epoch, replicas, warmup)
+            self._supports_tf_logs = True
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             lr, spe, replicas, warm = self.args
@@ -146,10 +263,12 @@ def twin_model_class() -> Any:
     import tensorflow as tf
 
     class TwinModel(tf.keras.Model):
-        """Keras' own train step, plus ``step_loss``: this replica's mean loss of this step (not a running mean)."""
+        """Keras' own train step, plus ``step_loss``: this replica's mean loss of this step (not a running mean),
+        written into the ``LossRing`` (the host reads it at the next sync) and returned in the logs."""
 
         local_replicas = 1
         xla_forward = None  # a holder (not tracked by Keras) whose .fn is the jit-compiled forward pass, or None
+        loss_ring: Any = None  # a holder (not tracked by Keras) whose .ring is the LossRing
 
         def train_step(self, data: Any) -> dict[str, Any]:
             x, y = data
@@ -164,7 +283,20 @@ def twin_model_class() -> Any:
                 # Keras returns only the first local replica's value; average them (in-process) first.
                 step_loss = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, step_loss)
             logs["step_loss"] = step_loss
+            if self.loss_ring is not None:
+                self._record(step_loss)
             return logs
+
+        def _record(self, step_loss: Any) -> None:
+            # Keras' own step counter of this fit call (0 at the first step): the run step this loss belongs to.
+            step = self._train_counter
+            if self.local_replicas == 1:
+                self.loss_ring.ring.write(step, [step_loss])
+                return
+            # every local replica holds the same (averaged) value: the first one writes it
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            tf.cond(tf.equal(replica % self.local_replicas, 0),
+                    lambda: tf.group(self.loss_ring.ring.write(step, [step_loss])), tf.no_op)
 
     return TwinModel
 
@@ -179,8 +311,11 @@ def run_fit(job: Job, backend: Backend, model: Any, dataset: Any, hooks: StepHoo
             if hooks.start_step == 0 else None
         callbacks.append(own if own is not None else
                          WarmupLR(hooks, plan.learning_rate, plan.steps_per_epoch, plan.replicas, job.warmup_epochs))
-    callbacks.append(StepRecorder(hooks))
-    model.fit(dataset, epochs=math.ceil((plan.total_steps - hooks.start_step) / plan.steps_per_epoch),
+    ring = LossRing(hooks.sync_every, 1)
+    model.loss_ring = types.SimpleNamespace(ring=ring)
+    callbacks.append(StepRecorder(hooks, ring))
+    hooks.start_clock()
+    model.fit(dataset, epochs=math.ceil(hooks.run_steps / plan.steps_per_epoch),
               steps_per_epoch=plan.steps_per_epoch, callbacks=callbacks, verbose=2 if verbose else 0)
 
 
@@ -226,28 +361,34 @@ def run_ctl(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any
 
     step_fn = _ctl_step_fn(job, backend, model, optimizer, plan)
     iterator = iter(dataset)
+    ring = LossRing(hooks.sync_every, backend.info.replicas_per_worker)
+    counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_run_step")
 
     @tf.function
     def train_step() -> Any:
         # The iterator is captured, not passed: a (distributed) iterator argument costs a structure check per call.
-        return backend.run(step_fn, next(iterator))
+        written = ring.write(counter, backend.run(step_fn, next(iterator)))
+        with tf.control_dependencies([written]):
+            return counter.assign_add(1)
 
     lr_var = optimizer.lr
-    first = True
     spe = plan.steps_per_epoch
+    hooks.start_clock()
     while hooks.global_step < hooks.total:
-        step = hooks.global_step
-        new_lr = lr_at_step(step, plan.learning_rate, spe, plan.replicas, job.warmup_epochs)
+        new_lr = lr_at_step(hooks.global_step, plan.learning_rate, spe, plan.replicas, job.warmup_epochs)
         if new_lr is not None:
             tf.keras.backend.set_value(lr_var, new_lr)
-        hooks.begin()
-        local = train_step()
-        loss = sum(float(v) for v in local) / len(local)  # reading the value waits for the step
-        stop = hooks.end(loss)
-        if first:
+        train_step()  # not waited for: the host reads the device only at a sync
+        hooks.dispatched += 1
+        if hooks.dispatched == 1:
             backend.after_first_step(model, optimizer)
-            first = False
-        if verbose and (step % max(1, spe // 4) == 0 or hooks.global_step == hooks.total):
-            print(f"step {step + 1}/{hooks.total} rank-0 loss {loss:.5f}", flush=True)
+        hooks.between_steps()
+        if not hooks.sync_due():
+            continue
+        before = hooks.synced
+        stop = hooks.sync(ring.read(before, hooks.dispatched))
+        if verbose and (hooks.global_step // max(1, spe // 4) > (hooks.start_step + before) // max(1, spe // 4)
+                        or hooks.global_step == hooks.total):
+            print(f"step {hooks.global_step}/{hooks.total} rank-0 loss {hooks.losses[-1]:.5f}", flush=True)
         if stop:
             break

@@ -3,8 +3,12 @@
 ``RunRecord`` is the one definition of what the chief writes and what the report reads: its fields are the
 JSON's keys, in the order written. No TensorFlow here.
 
-Throughput is measured, never extrapolated: global batch x timed steps / the slowest rank's timed wall time,
-where the timed window starts after ``timing_warmup_steps`` and ends at the last step on every rank.
+Throughput is measured, never extrapolated: global batch x timed steps / the slowest rank's timed wall time.
+Each rank's timed wall time is its own clock from the host sync that ends the untimed warm-up
+(``timing_warmup_steps``) to the sync after its last step: everything the rank does in between counts (steps,
+input waits, the harness' work between steps, preemption agreements). Step times are step end to step end: with
+``sync_every_steps`` = 1 one value per step; with K > 1 the host sees the device only every K steps, so each value
+is the mean step time of a window of (up to) K steps, weighted by its steps in the percentiles.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 1  # bump when a field changes meaning; reports check it
+SCHEMA = 2  # bump when a field changes meaning; reports check it (2: wall-clock throughput, sync windows)
 
 
 class RecordError(ValueError):
@@ -61,8 +65,9 @@ class RunRecord:
     per_rank_step_losses: list[list[float]] | None = None
     images_per_sec: float  # throughput_stats(): measured over the timed window
     timed_wall_time: float | None = None  # seconds, the slowest rank's
-    step_time: dict[str, Any]  # median, p95, mean (s), timed_steps, warmup_steps
-    per_rank_step_times: list[list[float]] | None = None
+    step_time: dict[str, Any]  # median, p95, mean (s), timed_steps, warmup_steps, window_steps, windows
+    per_rank_timed_wall: list[float] | None = None  # seconds, each rank's own clock over the timed window
+    per_rank_sync_marks: list[list[list[float]]] | None = None  # per rank: [steps done in the run, s] at each sync
     time_to_first_step: float  # seconds from process start, the slowest rank's
     resumed_from_step: int = 0  # > 0: times and throughput cover only the steps after the resume
     versions: dict[str, str] | None = None  # versions(): python, tensorflow, tf_keras, horovod(_patch), numpy
@@ -127,37 +132,51 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def step_times_from_ends(start: float, ends: list[float]) -> list[float]:
-    """Per-step durations from the timestamp before step 1 and the end timestamp of every step.
+def _window_step_times(per_rank_marks: list[list[list[float]]], warm: int) -> list[tuple[int, float]]:
+    """(steps, per-step time) of each window after the warm-up: the slowest rank's duration / the window's steps.
 
-    Step-to-step intervals (not just the compute call) so input pipeline stalls and callback overhead count.
+    A synchronous step ends when the slowest rank ends, hence the max over ranks; every rank syncs at the same
+    steps (the rule is deterministic), which is checked.
     """
+    steps = [[int(d) for d, _ in marks] for marks in per_rank_marks]
+    if any(s != steps[0] for s in steps):
+        raise ValueError("ranks synced at different steps: their clock marks cannot be compared")
     out = []
-    prev = start
-    for t in ends:
-        out.append(t - prev)
-        prev = t
+    for i in range(1, len(steps[0])):
+        lo, hi = steps[0][i - 1], steps[0][i]
+        if lo >= warm and hi > lo:
+            out.append((hi - lo, max(m[i][1] - m[i - 1][1] for m in per_rank_marks) / (hi - lo)))
     return out
 
 
-def throughput_stats(per_rank_step_times: list[list[float]], global_batch: int, warmup: int) -> dict[str, Any]:
-    """Images/s and step-time stats over the timed window (steps after ``warmup``) of all ranks."""
-    steps = min(len(r) for r in per_rank_step_times)
-    warm = min(warmup, max(steps - 1, 0))  # always keep at least one timed step
-    timed = steps - warm
-    walls = [sum(r[warm:steps]) for r in per_rank_step_times]
+def throughput_stats(per_rank_marks: list[list[list[float]]], global_batch: int, warm: int,
+                     window_steps: int) -> dict[str, Any]:
+    """Images/s and step-time stats from every rank's clock marks ([steps done, seconds] at each host sync).
+
+    ``warm``: untimed steps (there is a mark at exactly that step); ``window_steps``: the job's sync_every_steps.
+    """
+    walls = []
+    for marks in per_rank_marks:
+        start = next((t for d, t in marks if int(d) == warm), None)
+        if start is None:
+            raise ValueError(f"no clock mark at the end of the {warm} warm-up steps")
+        walls.append(marks[-1][1] - start)
+    timed = int(per_rank_marks[0][-1][0]) - warm
     slowest = max(walls)
-    # A synchronous step ends when the slowest rank ends, so the per-step time is the max over ranks.
-    per_step = [max(r[i] for r in per_rank_step_times) for i in range(warm, steps)]
+    windows = _window_step_times(per_rank_marks, warm)
+    weighted = [t for n, t in windows for _ in range(n)]  # each step counts once in the percentiles
     return {
         "images_per_sec": global_batch * timed / slowest if slowest > 0 else float("nan"),
         "timed_wall_time": slowest,
+        "per_rank_timed_wall": walls,
         "step_time": {
-            "median": percentile(per_step, 50),
-            "p95": percentile(per_step, 95),
-            "mean": sum(per_step) / len(per_step) if per_step else float("nan"),
+            "median": percentile(weighted, 50),
+            "p95": percentile(weighted, 95),
+            "mean": slowest / timed if timed else float("nan"),  # what the throughput is made of
             "timed_steps": timed,
             "warmup_steps": warm,
+            "window_steps": window_steps,  # 1: per-step times; K > 1: per-window means (up to K steps each)
+            "windows": len(windows),
         },
     }
 

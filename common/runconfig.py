@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from common.reliability import PEER_TIMEOUT, STALL_TIMEOUT
 
-PREEMPT_CHECK_STEPS = 10  # one scalar collective per 10 steps; at most 10 extra steps after a signal
+# Preemption agreements (one small collective each, at a host sync): about once a second by default (a signal is
+# acted on within a second or so, at a cost of one collective per second), every 10 steps until the step is timed.
+PREEMPT_CHECK_SECONDS = 1.0
+PREEMPT_CHECK_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,8 @@ class RunOptions:
     verbose: bool = True  # progress on the chief
     peer_timeout: float = PEER_TIMEOUT  # see common.reliability
     stall_timeout: float = STALL_TIMEOUT  # see common.reliability
-    preempt_check_steps: int = PREEMPT_CHECK_STEPS  # agree on a pending SIGTERM/SIGUSR1 every N steps
+    preempt_check_steps: int = 0  # agree on a pending SIGTERM/SIGUSR1 every N steps (0: about once a second)
     signal_at_step: int = 0  # testing aid: the chief sends itself SIGTERM after this global step (0 = never)
+    pause_between_steps: float = 0.0  # testing aid: host sleep (s) after each step, which the clock must count
     resume_from: str | None = None  # explicit checkpoint dir (default: this run's own in the results dir)
     bench: BenchOptions | None = None  # run a microbenchmark instead of the job

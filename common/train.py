@@ -96,9 +96,14 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, preemption: r
                                                               resume.start_step))
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
-    hooks = StepHooks(backend, opts, resume.start_step, plan.total_steps, preemption, watchdog)
+    hooks = StepHooks(backend, opts, resume.start_step, plan.total_steps, job.sync_interval, job.warmup_interval,
+                      preemption, watchdog)
     verbose = opts.verbose and backend.is_chief
-    if job.mode == "fit":
+    if backend.uses_coordinator:  # parameter-server training: the chief schedules asynchronous worker steps
+        from common.ps_loop import run_ps
+
+        run_ps(job, backend, built.model, built.optimizer, dataset, hooks, plan, verbose)
+    elif job.mode == "fit":
         loops.run_fit(job, backend, built.model, dataset, hooks, plan, verbose)
     else:
         loops.run_ctl(job, backend, built.model, built.optimizer, dataset, hooks, plan, verbose)
@@ -129,6 +134,10 @@ def make_plan(job: Job, backend: Backend) -> Plan:
     replicas = backend.num_replicas
     n_samples, _, _ = data_mod.dataset_info(job)
     spe, total = job.resolve_steps(n_samples, replicas)
+    per_exec = job.steps_per_execution
+    if spe % per_exec or total % per_exec:
+        raise UsageError(f"{spe} steps per epoch and {total} steps at {replicas} replicas must be multiples of "
+                         f"steps_per_execution = {per_exec} (the host sees the device only between executions)")
     return Plan(job.global_batch_size(replicas), job.scaled_learning_rate(replicas), spe, total, replicas)
 
 
@@ -144,7 +153,7 @@ def announce(job: Job, backend: Backend, plan: Plan, opts: RunOptions) -> None:
     print(f"[twinbench] global batch {plan.global_batch} = {job.per_replica_batch_size} per replica x {replicas}; "
           f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}); "
           f"{plan.total_steps} steps, {plan.steps_per_epoch} steps/epoch, dataset {job.dataset} ({n_samples} "
-          "samples)", flush=True)
+          f"samples); host syncs every {job.sync_interval} steps", flush=True)
 
 
 def start_watchdog(backend: Backend, opts: RunOptions) -> tuple[rel.Heartbeat | None, rel.Watchdog | None]:
@@ -195,7 +204,8 @@ def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> 
         # cannot do on CPU (MWMS) and Horovod only with its optional XLA ops. As in the custom loop, the
         # collective-free part (here the model's forward pass, and so its gradient) is compiled.
         model.xla_forward = types.SimpleNamespace(fn=tf.function(lambda x: model(x, training=True), jit_compile=True))
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=job.steps_per_execution)
     return model
 
 
@@ -223,7 +233,8 @@ def gather(backend: Backend, built: Built, hooks: StepHooks, opts: RunOptions,
     mine = {
         "host": res.hostname(),
         "device": backend.info.device,
-        "step_times": hooks.step_times(),
+        "clock_marks": hooks.clock_marks(),
+        "warm": hooks.warm,
         "losses": hooks.losses,
         "time_to_first_step": (hooks.first_step_done or time.time()) - opts.t_process_start,
         "final_digest": weights_digest(built.model),
@@ -242,7 +253,8 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
                 everyone: list[dict[str, Any]], per_rank_losses: list[list[float]], step_losses: list[float],
                 init_digest: str) -> res.RunRecord:
     """The chief's results record (schema in ``common.results``)."""
-    stats = res.throughput_stats([r["step_times"] for r in everyone], plan.global_batch, job.timing_warmup_steps)
+    stats = res.throughput_stats([r["clock_marks"] for r in everyone], plan.global_batch, everyone[0]["warm"],
+                                 job.sync_interval)
     n_params = int(sum(int(math.prod(v.shape)) for v in built.model.trainable_variables))
     return res.RunRecord(
         backend=backend.name,
@@ -259,7 +271,7 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
         step_losses=step_losses,
         per_rank_step_losses=per_rank_losses,
         **stats,
-        per_rank_step_times=[r["step_times"] for r in everyone],
+        per_rank_sync_marks=[r["clock_marks"] for r in everyone],
         time_to_first_step=max(r["time_to_first_step"] for r in everyone),
         resumed_from_step=resume.start_step,  # > 0: times and throughput cover only the steps after the resume
         versions=res.versions(),

@@ -9,7 +9,8 @@
 #   TWINBENCH_VENV=.venv   the venv; one holding another TensorFlow than the selected one is recreated
 #   TWINBENCH_CACHE        Horovod wheels (keyed by Horovod, TF and Python versions and the patches) and the sdist;
 #                          default ~/.cache/twinbench
-#   TWINBENCH_WITH_SLURM=1 also Debian's slurm-wlm and munge (tests/test_slurm.py)
+#   TWINBENCH_WITH_SLURM=1 also Debian's slurm-wlm and munge (tests/test_slurm.py), and openssh-server and iproute2
+#                          for the emulated multi-node cluster (tests/cluster/cluster.sh, tests/test_cluster.py)
 #   HOROVOD_GPU_OPERATIONS=NCCL (or any HOROVOD_GPU_* build variable): a GPU build; with TF 2.21 it also applies
 #                          scripts/patches/horovod-0.28.1-tf2.21-gpu.patch (not compiled on the development machine)
 # `scripts/setup.sh --horovod-only` builds and installs only Horovod (plus the build marker), into the Python
@@ -67,14 +68,19 @@ if [ $HOROVOD_ONLY = 0 ]; then
   if [ "${TWINBENCH_WITH_SLURM:-0}" = 1 ]; then
     command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurm-wlm)
     command -v munged >/dev/null 2>&1 || need_apt+=(munge)
+    # The emulated cluster runs one sshd per node (horovodrun and mpirun reach the other nodes over ssh) and builds
+    # its nodes and links with ip and tc; ssh-keygen comes with openssh-client, a dependency of openssh-server.
+    [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+    { command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1; } || need_apt+=(iproute2)
   fi
   if [ ${#need_apt[@]} -gt 0 ]; then
     log "installing Debian packages: ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
     policy=/usr/sbin/policy-rc.d; made_policy=0
     if [ "${TWINBENCH_WITH_SLURM:-0}" = 1 ] && [ ! -e "$policy" ]; then
-      # Keep the maintainer scripts from starting system munge/slurmctld/slurmd (init.d or systemd, which may be
-      # absent): the tests start their own, in a temporary directory (tests/slurm/start_cluster.sh).
+      # Keep the maintainer scripts from starting system munge/slurmctld/slurmd/sshd (init.d or systemd, which may
+      # be absent): the tests start their own, in a temporary directory (tests/slurm/start_cluster.sh,
+      # tests/cluster/cluster.sh).
       printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod 755 "$policy" && made_policy=1
     fi
     apt_status=0

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import PY, SMOKE, first_divergence, only_result, run
+from tests.conftest import PY, SMOKE, backend_cmd, first_divergence, only_result, run
 
 pytestmark = pytest.mark.distributed
 RTOL = 1e-5
@@ -58,9 +58,9 @@ def test_horovod_under_mpirun_matches_gloo(runner, tmp_path):
 def test_results_record_is_complete(runner):
     rec = runner("native")
     for key in ("backend", "world_size", "mode", "job_hash", "job", "step_losses", "images_per_sec", "step_time",
-                "versions", "hosts", "command", "per_rank_step_times", "time_to_first_step", "weights_digest"):
+                "versions", "hosts", "command", "per_rank_sync_marks", "time_to_first_step", "weights_digest"):
         assert key in rec, key
-    assert len(rec["per_rank_step_times"]) == rec["num_workers"] == 2
+    assert len(rec["per_rank_sync_marks"]) == len(rec["per_rank_timed_wall"]) == rec["num_workers"] == 2
     assert len(rec["hosts"]) == 2 and all(rec["hosts"])
     # the TensorFlow this environment installed (2.21, or 2.18 in the fallback), and a native run never loads Horovod
     assert rec["versions"]["tensorflow"] == importlib.metadata.version("tensorflow")
@@ -68,9 +68,31 @@ def test_results_record_is_complete(runner):
     assert rec["command"][1:5] == ["-m", "backends.native", "--nproc", "2"]  # what the user typed
     # Throughput is measured over the timed window of the slowest rank, not rank 0 x N.
     warm = rec["step_time"]["warmup_steps"]
-    slowest = max(sum(r[warm:]) for r in rec["per_rank_step_times"])
+    slowest = max(rec["per_rank_timed_wall"])
     assert rec["images_per_sec"] == pytest.approx(rec["global_batch_size"] * (rec["steps"] - warm) / slowest)
     assert rec["time_to_first_step"] > 0
+    # No forced sync per step: the host waited for the device after step 1 (time to first step), at the end of
+    # the warm-up, then only every sync_every_steps (25) steps and at the end (12 steps here), on every rank.
+    for marks in rec["per_rank_sync_marks"]:
+        assert [m[0] for m in marks] == [0, 1, warm, rec["steps"]]
+    assert rec["step_time"]["window_steps"] == 25 and rec["step_time"]["windows"] == 1
+
+
+@pytest.mark.parametrize("kind", ["native", "horovod"])
+@pytest.mark.parametrize("mode", ["fit", "ctl"])
+def test_clock_counts_time_between_steps(tmp_path, kind, mode):
+    """A host pause after every step (outside the step call, between two syncs) must be in the throughput: a clock
+    that times only the step calls would report far more than global batch / pause images/s."""
+    pause, steps = 0.05, 10
+    run(backend_cmd(kind, tmp_path, "--set", f"mode={mode}", "--set", f"steps={steps}",
+                    "--pause-between-steps", str(pause), workers=1))
+    rec = only_result(tmp_path)
+    timed = rec["step_time"]["timed_steps"]
+    assert timed == steps - 2
+    ceiling = rec["global_batch_size"] / pause  # if the steps themselves took no time at all
+    assert rec["images_per_sec"] < ceiling, (rec["images_per_sec"], ceiling)
+    assert rec["timed_wall_time"] >= timed * pause
+    assert rec["step_time"]["median"] >= pause
 
 
 @pytest.mark.parametrize("mode", ["fit", "ctl"])

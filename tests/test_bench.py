@@ -46,11 +46,13 @@ def test_allreduce_bench_two_ranks(tmp_path, kind):
 def test_overhead_benchmark_runs_both_backends():
     """bench/overhead.py is a benchmark, not a timed test: this only checks that it runs and prints its figures
     (both plain loops and both twinbench runs finish, ratios are finite), so it does not rot unnoticed."""
-    proc = run([PY, "-m", "bench.overhead", "--repeats", "1", "--steps", "30", "--warmup", "5"], timeout=600)
+    proc = run([PY, "-m", "bench.overhead", "--preset", "smoke", "--repeats", "1", "--steps", "30", "--warmup", "5"],
+               timeout=600)
     ratios = {}
     for line in proc.stdout.splitlines():
         if "median ratio twinbench/plain" in line:
             ratios[line.split(":")[0]] = float(line.split("=")[1].split()[0])
-    assert set(ratios) == {"native", "horovod"}, proc.stdout
+    assert set(ratios) == {"smoke native", "smoke horovod"}, proc.stdout
     # Sanity only (a broken run gives 0, inf or an exception); the >= 0.98 target is judged by reading the figures.
     assert all(0.2 < r < 5 for r in ratios.values()), ratios
+    assert "smoke: tax difference native - horovod" in proc.stdout

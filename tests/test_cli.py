@@ -82,7 +82,7 @@ CASES = {
     "resume-other-job": (_other_jobs_checkpoint, "belongs to job 'other'", BOTH),
     "bad-nproc": (["--nproc", "0"], "--nproc must be >= 1", NATIVE),
     "nproc-with-mirrored": (["--nproc", "2", "--strategy", "mirrored"], "cannot be combined", NATIVE),
-    "bad-strategy": (["--strategy", "parameter_server"], "invalid choice", NATIVE),
+    "bad-strategy": (["--strategy", "parameter_servers"], "invalid choice", NATIVE),
     "slurm-missing-procid": (_slurm(SLURM_PROCID=None), "SLURM_PROCID", NATIVE),
     "slurm-procid-out-of-range": (_slurm(SLURM_PROCID="5"), "SLURM_PROCID=5 with 2 tasks", NATIVE),
     "slurm-bad-ntasks": (_slurm(SLURM_STEP_NUM_TASKS="two"), "SLURM_STEP_NUM_TASKS='two' is not an integer", NATIVE),

@@ -106,6 +106,32 @@ def test_hash_ignores_unused_keys():
     assert Job(momentum=0.5, optimizer="momentum").job_hash != Job(optimizer="momentum").job_hash
 
 
+def test_later_keys_are_hashed_only_when_changed():
+    """Keys added after results were first hashed keep every older hash when left at their default."""
+    base = Job()
+    assert Job(sync_every_steps=25, steps_per_execution=1).job_hash == base.job_hash
+    assert Job(sync_every_steps=1).job_hash != base.job_hash
+    assert Job(steps_per_execution=2, steps=4, sync_every_steps=2).job_hash != base.job_hash
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"sync_every_steps": 0}, "sync_every_steps must be >= 1"),
+    ({"steps_per_execution": 0}, "steps_per_execution must be >= 1"),
+    ({"steps_per_execution": 2, "mode": "ctl"}, 'applies to mode = "fit" only'),
+    ({"steps_per_execution": 4, "steps": 10}, "steps = 10 must be a multiple of steps_per_execution = 4"),
+    ({"steps_per_execution": 4, "steps_per_epoch": 6}, "steps_per_epoch = 6 must be a multiple"),
+])
+def test_execution_keys_are_validated(kw, message):
+    with pytest.raises(JobError, match=message):
+        Job(**kw)
+
+
+def test_syncs_and_warmup_round_up_to_whole_executions():
+    job = Job(steps_per_execution=4, steps=40)
+    assert (job.sync_interval, job.warmup_interval) == (28, 4)  # 25 and 2 rounded up to multiples of 4
+    assert (Job().sync_interval, Job().warmup_interval) == (25, 2)
+
+
 def test_readme_documents_every_job_key():
     readme = (REPO / "README.md").read_text()
     for key in FIELDS:

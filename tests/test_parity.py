@@ -113,3 +113,17 @@ def test_gpu_options_same_math_on_both_backends(runner, mode, option):
     # The option changed the computation (else this would repeat the plain parity test).
     plain = runner("native", "--set", f"mode={mode}")
     assert first_divergence(nat["step_losses"], plain["step_losses"], 0.0) is not None
+
+
+def test_steps_per_execution_same_math_on_both_backends(runner):
+    """Keras fit with 2 steps per tf.function call: per-step losses still recorded (on the device), identical on
+    both backends and to one step per call (constant LR: the execution size does not change the math)."""
+    extra = ("--set", "steps_per_execution=2", "--set", "sync_every_steps=4")
+    nat = runner("native", *extra)
+    hvd = runner("horovod", *extra)
+    assert nat["job"]["steps_per_execution"] == 2 and nat["job_hash"] == hvd["job_hash"]
+    assert_same_losses(nat, hvd, "fit, steps_per_execution=2: native vs horovod")
+    one = runner("native")
+    assert first_divergence(nat["step_losses"], one["step_losses"], RTOL) is None
+    # the host saw the device only between executions: after the first one (= the warm-up), then every 4 steps
+    assert [m[0] for m in nat["per_rank_sync_marks"][0]] == [0, 2, 4, 8, 12]

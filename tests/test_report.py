@@ -32,12 +32,13 @@ def make_run(backend: str, ws: int, ips: float, *, job: Job = JOB_A, step: tuple
              ttfs: float = 3.0, loss: float = 0.5, run_id: str | None = None, **extra: Any) -> dict[str, Any]:
     rid = run_id or f"{backend}-{ws}-{ips}"
     rec: dict[str, Any] = {
-        "schema": 1, "kind": "train", "backend": backend, "backend_info": {"strategy": backend},
+        "schema": report.SCHEMA, "kind": "train", "backend": backend, "backend_info": {"strategy": backend},
         "world_size": ws, "num_workers": ws, "mode": job.mode, "job_hash": job.job_hash, "job": job.to_dict(),
         "global_batch_size": job.per_replica_batch_size * ws, "learning_rate": job.learning_rate,
         "steps": job.steps, "steps_per_epoch": 4, "step_losses": [2.3, 1.0, loss], "images_per_sec": ips,
-        "step_time": {"median": step[0], "p95": step[1], "mean": step[0], "timed_steps": 10, "warmup_steps": 2},
-        "per_rank_step_times": [[step[0]] * 12 for _ in range(ws)], "time_to_first_step": ttfs,
+        "step_time": {"median": step[0], "p95": step[1], "mean": step[0], "timed_steps": 10, "warmup_steps": 2,
+                      "window_steps": 1, "windows": 10},
+        "per_rank_timed_wall": [1.0] * ws, "time_to_first_step": ttfs,
         "timed_wall_time": 1.0, "versions": {"python": "3.11.9", "tensorflow": "2.18.1"},
         "hosts": [f"node{i}" for i in range(ws)], "devices": ["cpu"] * ws, "command": ["python", "-m", backend],
         "started_at": "2025-01-01T00:00:00+00:00", "finished_at": "2025-01-01T00:01:00+00:00", "run_id": rid,

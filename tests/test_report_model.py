@@ -19,7 +19,8 @@ def bench(backend: str) -> dict:
     rows = [{"bytes": b, "time_median": ALPHA + BETA * b, "time_p95": ALPHA + BETA * b,
              "algbw_GBps": b / (ALPHA + BETA * b) / 1e9, "busbw_GBps": b / (ALPHA + BETA * b) / 1e9}
             for b in (4096, 1 << 20, 16 << 20)]
-    return {"schema": 1, "kind": "allreduce", "backend": backend, "world_size": 2, "num_workers": 2, "rows": rows,
+    return {"schema": report.SCHEMA, "kind": "allreduce", "backend": backend, "world_size": 2, "num_workers": 2,
+            "rows": rows,
             "hosts": ["n0", "n1"], "run_id": f"ar-{backend}", "backend_info": {"communication": "ring"}}
 
 

@@ -9,29 +9,50 @@ import pytest
 from common import results as res
 
 
-def test_throughput_uses_slowest_rank_and_skips_warmup():
-    times = [[5.0, 0.1, 0.1, 0.1, 0.1], [4.0, 0.1, 0.2, 0.1, 0.2]]
-    s = res.throughput_stats(times, global_batch=32, warmup=1)
+def test_throughput_is_wall_clock_of_the_slowest_rank_after_warmup():
+    # marks: [steps done, seconds] at each host sync; warm-up ends at step 1 (rank 0 at 5.0 s, rank 1 at 4.0 s)
+    marks = [[[0, 0.0], [1, 5.0], [3, 5.2], [5, 5.4]],
+             [[0, 0.0], [1, 4.0], [3, 4.3], [5, 4.6]]]
+    s = res.throughput_stats(marks, global_batch=32, warm=1, window_steps=2)
+    assert s["per_rank_timed_wall"] == pytest.approx([0.4, 0.6])
     assert s["timed_wall_time"] == pytest.approx(0.6)
     assert s["images_per_sec"] == pytest.approx(32 * 4 / 0.6)
-    # per-step time = the slower rank at each step: 0.1, 0.2, 0.1, 0.2
-    assert s["step_time"]["median"] == pytest.approx(0.15)
-    assert s["step_time"]["p95"] == pytest.approx(0.2)
-    assert s["step_time"]["timed_steps"] == 4 and s["step_time"]["warmup_steps"] == 1
+    st = s["step_time"]
+    # per-step time of each window = the slower rank's window / its steps: 0.15, 0.15 (each weighted by 2 steps)
+    assert st["median"] == pytest.approx(0.15) and st["p95"] == pytest.approx(0.15)
+    assert st["mean"] == pytest.approx(0.6 / 4)
+    assert (st["timed_steps"], st["warmup_steps"], st["window_steps"], st["windows"]) == (4, 1, 2, 2)
 
 
-def test_warmup_never_leaves_zero_timed_steps():
-    s = res.throughput_stats([[1.0, 2.0]], global_batch=8, warmup=5)
-    assert s["step_time"]["timed_steps"] == 1 and s["images_per_sec"] == pytest.approx(4.0)
+def test_time_between_steps_counts():
+    """The clock is mark to mark: a pause between two steps (no mark inside it) is in the wall time."""
+    steady = res.throughput_stats([[[0, 0.0], [1, 1.0], [2, 1.1], [3, 1.2]]], 8, 1, 1)
+    paused = res.throughput_stats([[[0, 0.0], [1, 1.0], [2, 1.1], [3, 1.7]]], 8, 1, 1)
+    assert paused["images_per_sec"] == pytest.approx(8 * 2 / 0.7)
+    assert steady["images_per_sec"] == pytest.approx(8 * 2 / 0.2)
+    assert paused["step_time"]["p95"] == pytest.approx(0.1 + 0.95 * 0.5)
+
+
+def test_windows_are_weighted_by_their_steps():
+    # one window of 3 steps at 0.1 s/step, one of 1 step at 1.0 s: the median step is 0.1 s
+    s = res.throughput_stats([[[0, 0.0], [3, 0.3], [4, 1.3]]], 8, 0, 3)
+    assert s["step_time"]["median"] == pytest.approx(0.1)
+    assert s["step_time"]["windows"] == 2 and s["images_per_sec"] == pytest.approx(8 * 4 / 1.3)
+
+
+def test_ranks_must_sync_at_the_same_steps():
+    with pytest.raises(ValueError, match="different steps"):
+        res.throughput_stats([[[0, 0.0], [2, 1.0]], [[0, 0.0], [3, 1.0]]], 8, 0, 2)
+
+
+def test_a_mark_must_end_the_warmup():
+    with pytest.raises(ValueError, match="warm-up"):
+        res.throughput_stats([[[0, 0.0], [4, 1.0]]], 8, 2, 4)
 
 
 def test_percentile_matches_linear_interpolation():
     assert res.percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
     assert res.percentile([1, 2, 3, 4, 5], 95) == pytest.approx(4.8)
-
-
-def test_step_times_from_ends():
-    assert res.step_times_from_ends(1.0, [1.5, 2.5, 2.75]) == pytest.approx([0.5, 1.0, 0.25])
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):
@@ -55,7 +76,8 @@ def test_results_dir_must_be_writable(tmp_path):
 RECORD_KEYS = [
     "schema", "kind", "backend", "backend_info", "world_size", "num_workers", "mode", "job_hash", "job",
     "global_batch_size", "learning_rate", "steps", "steps_per_epoch", "step_losses", "per_rank_step_losses",
-    "images_per_sec", "timed_wall_time", "step_time", "per_rank_step_times", "time_to_first_step",
+    "images_per_sec", "timed_wall_time", "step_time", "per_rank_timed_wall", "per_rank_sync_marks",
+    "time_to_first_step",
     "resumed_from_step", "versions", "hosts", "devices", "command", "started_at", "finished_at", "run_id",
     "trainable_params", "gradient_bytes", "initial_weights_digest", "weights_digest", "trainable_weights_digest",
     "weights_consistent", "all_weights_consistent",
@@ -63,12 +85,13 @@ RECORD_KEYS = [
 
 
 def full_record() -> res.RunRecord:
-    stats = res.throughput_stats([[0.2, 0.1, 0.1], [0.2, 0.1, 0.2]], global_batch=32, warmup=1)
+    marks = [[[0, 0.0], [1, 0.2], [3, 0.4]], [[0, 0.0], [1, 0.2], [3, 0.5]]]
+    stats = res.throughput_stats(marks, global_batch=32, warm=1, window_steps=25)
     return res.RunRecord(
         backend="native", backend_info={"strategy": "mwms"}, world_size=2, num_workers=2, mode="fit",
         job_hash="0123456789abcdef", job={"name": "smoke", "steps": 3}, global_batch_size=32, learning_rate=0.05,
         steps=3, steps_per_epoch=32, step_losses=[2.3, 1.1, 0.7], per_rank_step_losses=[[2.3, 1.1, 0.7]] * 2,
-        **stats, per_rank_step_times=[[0.2, 0.1, 0.1], [0.2, 0.1, 0.2]], time_to_first_step=3.5,
+        **stats, per_rank_sync_marks=marks, time_to_first_step=3.5,
         resumed_from_step=0, versions={"python": "3.11.9", "tensorflow": "2.18.1"}, hosts=["a", "b"],
         devices=["cpu", "cpu"], command=["python", "-m", "backends.native"], started_at="2025-01-01T00:00:00+00:00",
         finished_at="2025-01-01T00:01:00+00:00", run_id="20250101T000100Z-abcdef", trainable_params=10,

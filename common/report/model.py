@@ -70,7 +70,10 @@ def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Mapping[
 
 def format_model(summary: JobSummary, benches: Sequence[Mapping[str, Any]]) -> str:
     """Predicted vs measured step time and efficiency per backend, and the extrapolation (a model, labelled)."""
-    lines = [line for backend in summary.backends for line in _backend_model(summary, backend, benches)]
+    # Asynchronous rows (their own labels, no backend of a run) exchange no allreduce: no model for them.
+    real = {r["backend"] for r in summary.runs}
+    lines = [line for backend in summary.backends if backend in real
+             for line in _backend_model(summary, backend, benches)]
     if not lines:
         return ""
     return "\n".join([f"## Scaling model — {summary.name} (`{summary.job_hash}`)", "", *lines])

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report.base import NA, NO_INTERVAL, fmt_value
-from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, Row, order_backends
+from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, Row, order_backends, row_label
 from common.report.versions import versions_by_key
 
 INTERVAL_METHOD = (
@@ -23,8 +23,10 @@ INTERVAL_METHOD = (
 DEFINITIONS = (
     "speedup = median images/s at N replicas / median images/s at 1 replica of the same backend; "
     f"efficiency = throughput(N) / (N × throughput(1)); {RATIO_NUM}/{RATIO_DEN} = ratio of the two backends' median "
-    "images/s at the same world size; step times (p50, p95 over each run's timed steps) and time to first step "
-    "are medians over repeats; final loss = median over repeats of the last step's loss"
+    "images/s at the same world size; images/s = global batch x timed steps / the slowest rank's wall clock from "
+    "the end of the warm-up to its last step; step times (p50, p95 over each run's timed steps, step end to step "
+    "end, or per sync window: see Notes) and time to first step are medians over repeats; final loss = median "
+    "over repeats of the last step's loss"
 )
 KEY_JOB_FIELDS = ("model", "dataset", "per_replica_batch_size", "steps", "epochs", "optimizer", "learning_rate",
                   "lr_scaling", "mode", "mixed_precision", "xla", "seed")  # shown in each job's header
@@ -136,7 +138,7 @@ def _environment(s: JobSummary, h: str) -> list[str]:
     lines.append(f"- devices: {distinct(_rank_strings(runs, 'devices'))}")
     for b in s.backends:
         infos = [json.dumps(r["backend_info"], sort_keys=True) for r in runs
-                 if r["backend"] == b and isinstance(r.get("backend_info"), dict)]
+                 if row_label(r) == b and isinstance(r.get("backend_info"), dict)]
         shown = [i if len(i) <= 300 else i[:297] + "..." for i in dict.fromkeys(infos)]
         lines.append(f"- backend_info ({b}): {distinct(shown, limit=4)}")
     starts = sorted(str(r["started_at"]) for r in runs if r.get("started_at"))
@@ -144,7 +146,7 @@ def _environment(s: JobSummary, h: str) -> list[str]:
     if starts or ends:
         lines.append(f"- runs from {starts[0] if starts else '?'} to {ends[-1] if ends else '?'}")
     for b in s.backends:
-        cmd = next((r["command"] for r in runs if r["backend"] == b and isinstance(r.get("command"), list)), None)
+        cmd = next((r["command"] for r in runs if row_label(r) == b and isinstance(r.get("command"), list)), None)
         if cmd:
             lines.append(f"- example command ({b}): `{md_escape(shlex.join(str(c) for c in cmd))}`")
     return lines + [""]
@@ -161,7 +163,7 @@ def _run_files(s: JobSummary, results_dir: Path | None) -> list[str]:
             except ValueError:
                 pass
         reps = f"{r['world_size']} replica{'' if r['world_size'] == 1 else 's'}"
-        files.append(f"- `{p}`: {r['backend']}, {reps}, {float(r['images_per_sec']):.1f} img/s")
+        files.append(f"- `{p}`: {row_label(r)}, {reps}, {float(r['images_per_sec']):.1f} img/s")
     return ["<details><summary>Run files</summary>", ""] + files + ["", "</details>", ""]
 
 

@@ -110,11 +110,21 @@ def _make_row(backend: str, ws: int, nw: int, runs: list[dict[str, Any]]) -> Row
     )
 
 
+def row_label(run: Mapping[str, Any]) -> str:
+    """The backend column of a run's row: its backend, or for an asynchronous run (parameter-server training,
+    ``backend_info.asynchronous``) e.g. "native (parameter_server, asynchronous)": rows of their own, outside every
+    comparison of synchronous runs (the backend ratio), since their steps are not the same computation."""
+    info = run.get("backend_info")
+    if isinstance(info, Mapping) and info.get("asynchronous") is True:
+        return f"{run['backend']} ({info.get('strategy', '?')}, asynchronous)"
+    return str(run["backend"])
+
+
 def _rows(runs: list[dict[str, Any]]) -> list[Row]:
-    """One row per backend x world size x worker count, in table order."""
+    """One row per backend (row label) x world size x worker count, in table order."""
     cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for r in runs:
-        cells.setdefault((r["backend"], r["world_size"], r["num_workers"]), []).append(r)
+        cells.setdefault((row_label(r), r["world_size"], r["num_workers"]), []).append(r)
     order = {b: i for i, b in enumerate(order_backends(k[0] for k in cells))}
     return [_make_row(b, ws, nw, rs) for (b, ws, nw), rs in sorted(cells.items(),
                                                                    key=lambda kv: (order[kv[0][0]], kv[0][1:]))]
@@ -195,6 +205,11 @@ def _run_notes(job: Mapping[str, Any], runs: list[dict[str, Any]], rows: list[Ro
     differing = [k for k, vals in versions_by_key(runs).items() if len(vals) > 1]
     if differing:
         notes.append(f"software versions differ across runs ({', '.join(differing)}): see Environment")
+    for label in dict.fromkeys(row_label(r) for r in runs if row_label(r) != r["backend"]):
+        notes.append(f"{label}: asynchronous training (workers update the parameter servers without waiting for "
+                     "each other), so its per-step losses are not those of the synchronous runs: it is in no parity "
+                     f"claim and not in the {RATIO_NUM}/{RATIO_DEN} ratio; compare its throughput and final loss "
+                     "only (its speedup is against its own 1-worker run)")
 
 
 def _summarize_job(job_hash: str, runs: list[dict[str, Any]]) -> JobSummary:
@@ -210,6 +225,11 @@ def _summarize_job(job_hash: str, runs: list[dict[str, Any]]) -> JobSummary:
     _speedups(rows, present, notes)
     ratios = _ratios(rows, present, notes)
     _run_notes(job, runs, rows, notes)
+    windows = sorted({int(w) for r in runs if isinstance(w := r["step_time"].get("window_steps"), int) and w > 1})
+    if windows:
+        notes.append(f"step p50 / p95 are per-window: the host read the device every {' or '.join(map(str, windows))}"
+                     " steps (job key sync_every_steps), so each value is the mean step time of such a window; "
+                     "sync_every_steps = 1 gives per-step times at the price of a host sync per step")
     return JobSummary(job_hash, name, job, rows, ratios, notes, runs, version_mix(runs))
 
 

@@ -1,0 +1,109 @@
+"""Outside-clock check: is the throughput twinbench reports what a stopwatch outside the process sees?
+
+``python -m bench.clock [--preset smoke,real] [--repeats 2] [--workers 1,2]``: for each backend and world size, runs
+the same job at two step counts S1 < S2 (interleaved, repeated) and timestamps, from this process, two lines the
+chief prints: ``first step done`` (after step 1) and the results headline (after the last step and the gathering).
+The difference between the two step counts cancels start-up, the first step and the gathering:
+``global batch x (S2 - S1) / (dt(S2) - dt(S1))`` is the outside throughput of the steady state. Prints the
+reported images/s (median of the S2 runs) / the outside figure; target within 1%. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import backends
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+TARGET = 0.01  # reported within 1% of the outside clock
+START_LINE = "first step done"
+END_LINE = " images/s over "
+
+
+@dataclass(frozen=True)
+class Preset:
+    sets: tuple[str, ...]  # job overrides on jobs/smoke.toml
+    steps: tuple[int, int]  # S1 < S2: S2 - S1 steps make a few seconds of training
+
+
+PRESETS = {
+    "smoke": Preset((), (200, 2200)),  # 1-3 ms steps
+    "real": Preset(("model=MobileNetV2", "image_shape=[64,64,3]", "per_replica_batch_size=32"), (15, 45)),  # ~100 ms
+}
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def timed_run(kind: str, workers: int, steps: int, sets: tuple[str, ...], mode: str) -> tuple[float, float, int]:
+    """(seconds between the two lines as seen from outside, reported images/s, global batch)."""
+    with tempfile.TemporaryDirectory() as out:
+        args = ["--job", "jobs/smoke.toml", *(x for s in sets for x in ("--set", s)), "--set", f"mode={mode}",
+                "--set", f"steps={steps}", "--results", out]
+        cmd = backends.load(kind).local_command(workers, args, python=PY)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True, bufsize=1)
+        seen: dict[str, float] = {}
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            for needle in (START_LINE, END_LINE):
+                if needle in line and needle not in seen:
+                    seen[needle] = time.monotonic()
+        if proc.wait() != 0 or len(seen) != 2:
+            raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}, lines seen {sorted(seen)}")
+        rec = json.loads(next(Path(out).glob("*.json")).read_text())
+        return seen[END_LINE] - seen[START_LINE], rec["images_per_sec"], rec["global_batch_size"]
+
+
+def check(kind: str, workers: int, pre: Preset, repeats: int, mode: str) -> float:
+    s1, s2 = pre.steps
+    dts: dict[int, list[float]] = {s1: [], s2: []}
+    reported, gb = [], 0
+    for i in range(repeats):
+        for steps in ((s1, s2) if i % 2 == 0 else (s2, s1)):  # interleaved, alternating order
+            dt, ips, gb = timed_run(kind, workers, steps, pre.sets, mode)
+            dts[steps].append(dt)
+            if steps == s2:
+                reported.append(ips)
+    outside = gb * (s2 - s1) / (statistics.median(dts[s2]) - statistics.median(dts[s1]))
+    rep = statistics.median(reported)
+    print(f"  {kind} x{workers}: reported {rep:9.1f} img/s, outside clock {outside:9.1f} img/s, reported/outside "
+          f"{rep / outside:.3f} (S2 runs {min(reported):.0f}-{max(reported):.0f})", flush=True)
+    return rep / outside
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="smoke,real", help=f"comma-separated, of {', '.join(PRESETS)} (default both)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per step count (default 2)")
+    p.add_argument("--workers", default="1,2", help="world sizes (default 1,2)")
+    p.add_argument("--mode", default="ctl", choices=("fit", "ctl"), help="training loop (default ctl)")
+    a = p.parse_args()
+    worst = 0.0
+    for name in a.preset.split(","):
+        pre = PRESETS[name]
+        print(f"{name}: jobs/smoke.toml {' '.join(pre.sets)}, {a.mode}, steps {pre.steps[0]} and {pre.steps[1]}",
+              flush=True)
+        for workers in (int(w) for w in a.workers.split(",")):
+            for kind in backends.names():
+                worst = max(worst, abs(check(kind, workers, pre, a.repeats, a.mode) - 1))
+    print(f"largest |reported/outside - 1| = {100 * worst:.1f}% (target {100 * TARGET:.0f}%)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Parameter-server training on the chief: the custom loop and Keras ``fit`` through a ClusterCoordinator.
+
+Asynchronous, so not the computation of the synchronous runs (the report labels these runs and keeps them out of
+every parity claim; compare their throughput and final loss only):
+- a *global step* is still one global batch of G = W x b samples (W workers, b per worker): the chief schedules W
+  worker steps for it; a free worker runs each on its next batch of b samples and applies the update at once to
+  the variables on the parameter servers (the mean loss over its b samples, regularisation counted once), without
+  waiting for the other workers;
+- each worker step returns its loss (a RemoteValue); the loss of a global step is the mean of its W worker steps'
+  losses, in scheduling order;
+- the chief waits for the workers (``coordinator.join``) only at syncs: after the first global step, at the end
+  of the timing warm-up, every ``sync_every_steps`` global steps and after the last one. Losses are read and the
+  clock marks taken there, so step times are means over a sync window.
+Each worker gets its own slots of every global batch (``NativeBackend.make_dataset``): the samples are those of
+the synchronous runs, though a fast worker may run ahead of a slow one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from backends.base import Backend
+from common.job import Job
+
+if TYPE_CHECKING:
+    from common.loops import Plan
+
+
+def sync_points(run_steps: int, warm: int, every: int) -> list[int]:
+    """Steps of this run after which the chief joins: the first, the end of the ``warm`` untimed steps, every
+    multiple of ``every``, the last."""
+    points = {1, run_steps, warm, *range(every, run_steps, every)}
+    return sorted(p for p in points if 0 < p <= run_steps)
+
+
+class _SyncAdapter:
+    """ADAPTER, to delete once ``StepHooks.sync`` takes ``(steps_done, losses)``: maps the recording interface this
+    module uses (``start_clock()``, ``sync(steps_done, losses) -> bool``) onto the StepHooks being rewritten, whose
+    ``sync(losses)`` records the steps its loops counted in ``dispatched``."""
+
+    def __init__(self, hooks: Any) -> None:
+        self.hooks = hooks
+
+    def start_clock(self) -> None:
+        self.hooks.start_clock()
+
+    def sync(self, steps_done: int, losses: list[float]) -> bool:
+        self.hooks.dispatched = steps_done
+        return bool(self.hooks.sync(losses))
+
+
+def _recorder(hooks: Any) -> Any:
+    """``hooks`` itself once its ``sync`` takes ``(steps_done, losses)``; until then the adapter above."""
+    if len(inspect.signature(hooks.sync).parameters) == 2:
+        return hooks
+    return _SyncAdapter(hooks)
+
+
+class _Syncs:
+    """Worker steps scheduled since the last sync; at each sync point: join, read their losses, record them."""
+
+    def __init__(self, coordinator: Any, recorder: Any, fan: int, points: list[int], read: Callable[[Any], float],
+                 progress: Callable[[int, float], None] | None) -> None:
+        self.coordinator, self.recorder, self.fan, self.points = coordinator, recorder, fan, points
+        self.read, self.progress = read, progress
+        self.pending: list[Any] = []  # RemoteValues of the worker steps scheduled since the last sync
+        self.done = 0  # steps of this run recorded
+
+    def add(self, remote: Any) -> bool:
+        """One more worker step scheduled; True when the loop must stop (all done, or a stop agreed at a sync)."""
+        self.pending.append(remote)
+        steps = self.points[0] - self.done
+        if len(self.pending) < steps * self.fan:
+            return False
+        self.coordinator.join()  # every scheduled worker step has run (raises the first step error, if any)
+        values = [self.read(v.fetch()) for v in self.pending]
+        losses = [sum(values[i * self.fan:(i + 1) * self.fan]) / self.fan for i in range(steps)]
+        self.done, self.pending = self.points.pop(0), []
+        stop = self.recorder.sync(self.done, losses)
+        if self.progress is not None:
+            self.progress(self.done, losses[-1])
+        return stop or not self.points
+
+
+def _worker_step(strategy: Any, model: Any, optimizer: Any, worker_batch: int, replicas: int) -> Any:
+    """One worker step (a tf.function the coordinator schedules): next batch, update applied at once, mean loss."""
+    import tensorflow as tf
+
+    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+
+    def replica_step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            per_example = loss_obj(y, model(x, training=True))
+            # This worker's update is applied alone: the mean over its own batch (all its local replicas), the
+            # objective Keras fit uses under this strategy too.
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=worker_batch)
+            if model.losses:
+                loss += tf.add_n(model.losses) / replicas  # regularisation counted once per worker step
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss * replicas  # this replica's own mean loss (+ regularisation)
+
+    @tf.function
+    def worker_step(iterator: Any) -> Any:
+        x, y = next(iterator)
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(replica_step, args=(x, y)), axis=None)
+
+    return worker_step
+
+
+def _run_ctl(strategy: Any, coordinator: Any, step: Any, dataset_fn: Callable[[Any], Any], recorder: Any,
+             syncs: _Syncs) -> None:
+    # Created on every worker through the coordinator; each worker then iterates its own dataset.
+    per_worker = coordinator.create_per_worker_dataset(lambda: strategy.distribute_datasets_from_function(dataset_fn))
+    iterator = iter(per_worker)
+    recorder.start_clock()
+    while not syncs.add(coordinator.schedule(step, args=(iterator,))):
+        pass
+
+
+def _run_fit(model: Any, dataset_fn: Callable[[Any], Any], worker_steps: int, recorder: Any,
+             syncs: _Syncs) -> None:
+    import tensorflow as tf
+
+    class Scheduled(tf.keras.callbacks.Callback):
+        """Hands each worker step Keras scheduled (its logs: a RemoteValue) to the syncs."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            # Keras then passes the RemoteValue itself: converting it would wait for every worker step.
+            self._supports_tf_logs = True
+            self.started = False
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            if not self.started:
+                recorder.start_clock()
+                self.started = True
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if syncs.add(logs):
+                self.model.stop_training = True
+
+    # DatasetCreator: Keras creates the dataset on every worker through the coordinator (create_per_worker_dataset).
+    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=worker_steps,
+              callbacks=[Scheduled()], verbose=0)
+
+
+def run_ps(job: Job, backend: Backend, model: Any, optimizer: Any, dataset_fn: Callable[[Any], Any], hooks: Any,
+           plan: Plan, verbose: bool) -> None:
+    """Train on the chief of a parameter-server cluster (``backend.uses_coordinator``), in ``job.mode``.
+
+    ``dataset_fn`` is the per-worker dataset function ``backend.make_dataset`` returned; ``hooks`` records the
+    losses and clock marks at each sync (``start_clock()`` before the first step, ``sync(steps_done, losses)``).
+    """
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)  # one per strategy (Keras')
+    recorder = _recorder(hooks)
+    fan = backend.num_workers  # worker steps per global step
+    run_steps = plan.total_steps - hooks.start_step
+    warm = min(job.timing_warmup_steps, max(run_steps - 1, 0))  # at least one step is timed
+    progress = None
+    if verbose:
+        print(f"[twinbench] parameter-server training (asynchronous): {fan} worker steps of "
+              f"{plan.global_batch // fan} samples per global step; the chief joins every {job.sync_every_steps} "
+              "steps", flush=True)
+
+        def progress(done: int, loss: float) -> None:
+            print(f"step {hooks.start_step + done}/{plan.total_steps} loss {loss:.5f}", flush=True)
+
+    points = sync_points(run_steps, warm, job.sync_every_steps)
+    if job.mode == "fit":
+        syncs = _Syncs(coordinator, recorder, fan, points, lambda logs: float(logs["step_loss"]), progress)
+        _run_fit(model, dataset_fn, run_steps * fan, recorder, syncs)
+    else:
+        syncs = _Syncs(coordinator, recorder, fan, points, float, progress)
+        step = _worker_step(strategy, model, optimizer, plan.global_batch // fan, backend.info.replicas_per_worker)
+        _run_ctl(strategy, coordinator, step, dataset_fn, recorder, syncs)

@@ -1,0 +1,103 @@
+"""The step clock and host-sync schedule of ``common.loops.StepHooks``, driven by a fake clock (no TensorFlow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from common import loops
+from common.reliability import Preemption
+from common.runconfig import RunOptions
+
+
+class FakeBackend:
+    """One of ``num_workers`` identical ranks: allsum multiplies (every rank contributes the same values)."""
+
+    is_chief = True
+
+    def __init__(self, num_workers: int = 2) -> None:
+        self.num_workers = num_workers
+        self.agreements: list[int] = []
+        self.hooks: loops.StepHooks | None = None
+
+    def allsum(self, values: list[float]) -> list[float]:
+        assert self.hooks is not None
+        self.agreements.append(self.hooks.dispatched)
+        return [v * self.num_workers for v in values]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def drive(monkeypatch: pytest.MonkeyPatch, steps: int, step_s: float, *, sync_every: int = 25, warm: int = 2,
+          check: int = 0, pause_after: dict[int, float] | None = None) -> tuple[loops.StepHooks, FakeBackend]:
+    """Run ``steps`` fake steps of ``step_s`` each (the device time elapses before the sync that reads them)."""
+    clock = FakeClock()
+    monkeypatch.setattr(loops.time, "perf_counter", clock)
+    backend = FakeBackend()
+    opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=check)
+    hooks = loops.StepHooks(backend, opts, 0, steps, sync_every, warm, Preemption(), None)  # type: ignore[arg-type]
+    backend.hooks = hooks
+    hooks.start_clock()
+    while hooks.dispatched < steps:
+        clock.now += step_s
+        hooks.dispatched += 1
+        clock.now += (pause_after or {}).get(hooks.dispatched, 0.0)  # host work between steps
+        if hooks.sync_due() and hooks.sync([1.0] * (hooks.dispatched - hooks.synced)):
+            break
+    return hooks, backend
+
+
+def test_syncs_after_first_step_warmup_every_k_and_at_the_end(monkeypatch):
+    hooks, _ = drive(monkeypatch, 100, 0.001)
+    assert [d for d, _ in hooks.marks] == [0, 1, 2, 25, 50, 75, 100]
+    assert len(hooks.losses) == 100
+
+
+def test_per_step_syncs_with_k_1(monkeypatch):
+    hooks, _ = drive(monkeypatch, 5, 0.01, sync_every=1, warm=1)
+    assert [d for d, _ in hooks.marks] == [0, 1, 2, 3, 4, 5]
+
+
+def test_wall_clock_includes_host_work_between_steps(monkeypatch):
+    from common import results as res
+
+    hooks, _ = drive(monkeypatch, 50, 0.001, pause_after={30: 0.5})
+    stats = res.throughput_stats([hooks.clock_marks()], 10, hooks.warm, 25)
+    assert stats["timed_wall_time"] == pytest.approx(48 * 0.001 + 0.5)
+    assert stats["images_per_sec"] == pytest.approx(10 * 48 / (48 * 0.001 + 0.5))
+
+
+def test_agreement_rides_on_syncs_about_once_a_second(monkeypatch):
+    # 1 ms steps: first agreement after PREEMPT_CHECK_STEPS (at the sync at step 25), then every ~1 s = 1000 steps
+    _, backend = drive(monkeypatch, 3000, 0.001)
+    assert backend.agreements[:3] == [25, 1025, 2025]
+    # 100 ms steps: every 10 steps would be 1 s, but agreements only ride on syncs: every 25 steps
+    _, slow = drive(monkeypatch, 100, 0.1)
+    assert slow.agreements == [25, 50, 75]
+
+
+def test_explicit_check_interval_adds_syncs(monkeypatch):
+    hooks, backend = drive(monkeypatch, 12, 0.001, check=2)
+    assert backend.agreements == [2, 4, 6, 8, 10]
+    assert [d for d, _ in hooks.marks] == [0, 1, 2, 4, 6, 8, 10, 12]
+
+
+def test_a_signal_stops_training_at_the_next_agreement(monkeypatch):
+    backend = FakeBackend()
+    opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=3)
+    preemption = Preemption()
+    preemption.signalled = "SIGTERM"  # as the handler records it (on one rank: allsum carries it to all)
+    hooks = loops.StepHooks(backend, opts, 0, 10, 25, 2, preemption, None)  # type: ignore[arg-type]
+    backend.hooks = hooks
+    hooks.start_clock()
+    stopped = None
+    while stopped is None and hooks.dispatched < 10:
+        hooks.dispatched += 1
+        if hooks.sync_due() and hooks.sync([1.0] * (hooks.dispatched - hooks.synced)):
+            stopped = hooks.dispatched
+    assert stopped == 3 and hooks.stopped_at == 3 and backend.agreements == [3]
