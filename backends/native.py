@@ -193,26 +193,9 @@ class NativeBackend(Backend):
         return self.opts.strategy == "parameter_server"
 
     def describe(self) -> dict[str, Any]:
-        if self.uses_coordinator:
-            return {
-                "strategy": "parameter_server",  # the flag's name: the report labels these runs by it
-                "strategy_class": type(self.strategy).__name__,
-                "asynchronous": True,  # workers update the variables without waiting for each other
-                "num_ps": len(self.cluster["ps"]),
-                "num_workers": len(self.cluster["worker"]),
-                "worker_steps_per_step": self.num_workers,  # one global batch = one worker step per worker
-                "communication": self.comm_used,
-                "replicas_per_worker": self.info.replicas_per_worker,
-                "threads_per_process": self.info.threads,
-                "cluster": self.cluster,
-                "cluster_source": self.cluster_source,
-                "device": self.info.device,
-                "cuda_visible_devices": self.visible_gpus,
-            }
-        return {
+        out: dict[str, Any] = {
             "strategy": type(self.strategy).__name__ if self.strategy is not None else None,
             "communication": self.comm_used,
-            **({"variables_on": CENTRAL_VARIABLES} if self.opts.strategy == "central_storage" else {}),
             "replicas_per_worker": self.info.replicas_per_worker,
             "threads_per_process": self.info.threads,
             "cluster": self.cluster,
@@ -220,6 +203,18 @@ class NativeBackend(Backend):
             "device": self.info.device,
             "cuda_visible_devices": self.visible_gpus,
         }
+        if self.opts.strategy == "central_storage":
+            out["variables_on"] = CENTRAL_VARIABLES
+        if self.uses_coordinator:
+            out.update({
+                "strategy": "parameter_server",  # the flag's name: the report labels these runs by it
+                "strategy_class": type(self.strategy).__name__,
+                "asynchronous": True,  # workers update the variables without waiting for each other
+                "num_ps": len(self.cluster["ps"]),
+                "num_workers": len(self.cluster["worker"]),
+                "worker_steps_per_step": self.num_workers,  # one global batch = one worker step per worker
+            })
+        return out
 
     # -- training hooks ------------------------------------------------------------------------
     def scope(self) -> Any:

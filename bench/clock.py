@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import backends
+from bench.overhead import REAL_WORK, bench_env
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -38,15 +38,8 @@ class Preset:
 
 PRESETS = {
     "smoke": Preset((), (200, 2200)),  # 1-3 ms steps
-    "real": Preset(("model=MobileNetV2", "image_shape=[64,64,3]", "per_replica_batch_size=32"), (15, 45)),  # ~100 ms
+    "real": Preset(REAL_WORK, (15, 45)),  # ~100 ms steps
 }
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO),
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.pop("TF_CONFIG", None)
-    return env
 
 
 def timed_run(kind: str, workers: int, steps: int, sets: tuple[str, ...], mode: str) -> tuple[float, float, int]:
@@ -55,7 +48,7 @@ def timed_run(kind: str, workers: int, steps: int, sets: tuple[str, ...], mode: 
         args = ["--job", "jobs/smoke.toml", *(x for s in sets for x in ("--set", s)), "--set", f"mode={mode}",
                 "--set", f"steps={steps}", "--results", out]
         cmd = backends.load(kind).local_command(workers, args, python=PY)
-        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, cwd=REPO, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 text=True, bufsize=1)
         seen: dict[str, float] = {}
         assert proc.stdout is not None

@@ -37,13 +37,15 @@ class Preset:
     warmup: int  # untimed first steps (tracing, autotune)
 
 
+REAL_WORK = ("model=MobileNetV2", "image_shape=[64,64,3]", "per_replica_batch_size=32")  # ~100 ms steps here
 PRESETS = {
     "smoke": Preset((), 1500, 50),
-    "real": Preset(("model=MobileNetV2", "image_shape=[64,64,3]", "per_replica_batch_size=32"), 60, 10),
+    "real": Preset(REAL_WORK, 60, 10),
 }
 
 
-def _env() -> dict[str, str]:
+def bench_env() -> dict[str, str]:
+    """The environment of every benchmark run: tf_keras, quiet TF, this checkout, Open MPI as root, no TF_CONFIG."""
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO),
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.pop("TF_CONFIG", None)
@@ -59,7 +61,7 @@ def twinbench(kind: str, steps: int, warm: int, sets: list[str]) -> float:
         args = [*_job_args(sets), "--set", "mode=ctl", "--set", f"steps={steps}",
                 "--set", f"timing_warmup_steps={warm}", "--results", out, "--quiet"]
         cmd = backends.load(kind).local_command(2, args, python=PY)
-        subprocess.run(cmd, cwd=REPO, env=_env(), check=True, capture_output=True)
+        subprocess.run(cmd, cwd=REPO, env=bench_env(), check=True, capture_output=True)
         rec = json.loads(next(Path(out).glob("*.json")).read_text())
         return rec["images_per_sec"]
 
@@ -67,11 +69,11 @@ def twinbench(kind: str, steps: int, warm: int, sets: list[str]) -> float:
 def plain(kind: str, steps: int, warm: int, sets: list[str]) -> float:
     args = ["-m", "bench.plain_loops", kind, str(steps), str(warm), *_job_args(sets)]
     if kind == "horovod":
-        proc = subprocess.run([HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *args], cwd=REPO, env=_env(),
+        proc = subprocess.run([HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *args], cwd=REPO, env=bench_env(),
                               check=True, capture_output=True, text=True)
         lines = [ln.split(">:", 1)[-1] for ln in proc.stdout.splitlines() if '"wall"' in ln]
     else:
-        procs = start_tf_config_workers(2, [PY, *args], _env(), cwd=REPO, stdout=subprocess.PIPE,
+        procs = start_tf_config_workers(2, [PY, *args], bench_env(), cwd=REPO, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, text=True)
         lines = [ln for p in procs for ln in p.communicate()[0].splitlines() if '"wall"' in ln]
     recs = [json.loads(ln) for ln in lines]

@@ -28,8 +28,8 @@ from common.job import Job
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["DataError", "DataUsageError", "dataset_info", "list_image_folder", "load_arrays", "make_train_dataset",
-           "shard_geometry"]
+__all__ = ["DataError", "DataUsageError", "check_sharding", "dataset_info", "list_image_folder", "load_arrays",
+           "make_train_dataset", "shard_geometry"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -190,20 +190,33 @@ def _file_stream(tf: Any, job: Job, s: _Slots) -> tf.data.Dataset:
     return ds.batch(s.b, drop_remainder=True)
 
 
+def check_sharding(job: Job, global_batch_size: int, num_pipelines: int) -> None:
+    """DataUsageError (exit 2) if ``tfrecord_sharding = "files"`` cannot feed num_pipelines; no TensorFlow needed.
+
+    Every pipeline needs a shard of its own, and its shards must hold one step of its replicas' samples.
+    """
+    spec = DATASETS[job.dataset]
+    if spec.records is None or job.tfrecord_sharding != "files":
+        return
+    index = spec.records(job)
+    shards = len(index.paths)
+    if shards < num_pipelines:
+        raise DataUsageError(f"tfrecord: tfrecord_sharding = \"files\" needs a shard per input pipeline: {shards} "
+                             f"shards for {num_pipelines} pipelines; use more shards, fewer workers or "
+                             "tfrecord_sharding = \"exact\"")
+    step = global_batch_size // num_pipelines
+    fewest, worst = min((int(index.counts[p::num_pipelines].sum()), p) for p in range(num_pipelines))
+    if fewest < step:
+        raise DataUsageError(f"tfrecord: pipeline {worst}'s shards hold {fewest} records, fewer than its {step} per "
+                             "step; use tfrecord_sharding = \"exact\"")
+
+
 def _tfrecord_stream(tf: Any, job: Job, index: tfrecord.RecordIndex, s: _Slots, pipeline_index: int,
                      num_pipelines: int) -> tf.data.Dataset:
     """Exact: the rule's index stream, each record read by offset. Files: this pipeline's shards, streamed."""
     _, shape, num_classes = dataset_info(job)
     if job.tfrecord_sharding == "files":
-        shards = len(index.paths)
-        if shards < num_pipelines:
-            raise DataUsageError(f"tfrecord: tfrecord_sharding = \"files\" needs a shard per input pipeline: "
-                                 f"{shards} shards for {num_pipelines} pipelines; use more shards, fewer workers "
-                                 "or tfrecord_sharding = \"exact\"")
-        mine = int(index.counts[pipeline_index::num_pipelines].sum())
-        if mine < s.b * s.replicas:
-            raise DataUsageError(f"tfrecord: pipeline {pipeline_index}'s shards hold {mine} records, fewer than one "
-                                 f"step of {s.b * s.replicas}; use tfrecord_sharding = \"exact\"")
+        check_sharding(job, s.global_batch, num_pipelines)
         ds = tfrecord.read_by_files(tf, index, pipeline_index, num_pipelines, job.seed,
                                     s.start_step * s.b * s.replicas)
     else:

@@ -148,6 +148,7 @@ class StepHooks:
 
     def sync(self, losses: list[float]) -> bool:
         """Record a block just read (the read waited for its steps); True when training must stop now."""
+        before = self.start_step + self.synced  # global steps already seen at the previous sync
         self.marks.append((self.dispatched, time.perf_counter()))
         self.losses.extend(losses)
         if len(self.losses) != self.dispatched:
@@ -160,8 +161,8 @@ class StepHooks:
                       "process start", flush=True)
         if self.watchdog is not None:
             self.watchdog.progress(f"step {done}")
-        if self.opts.signal_at_step and done >= self.opts.signal_at_step and self.backend.is_chief \
-                and self.preemption.signalled is None:
+        if before < self.opts.signal_at_step <= done and self.backend.is_chief:
+            # once, in the run whose block contains that step: a resumed run (same command) starts past it
             os.kill(os.getpid(), signal.SIGTERM)
         if self.dispatched >= self.run_steps:
             return True

@@ -34,16 +34,20 @@ class FakeClock:
 
 
 def drive(monkeypatch: pytest.MonkeyPatch, steps: int, step_s: float, *, sync_every: int = 25, warm: int = 2,
-          check: int = 0, pause_after: dict[int, float] | None = None) -> tuple[loops.StepHooks, FakeBackend]:
-    """Run ``steps`` fake steps of ``step_s`` each (the device time elapses before the sync that reads them)."""
+          check: int = 0, pause_after: dict[int, float] | None = None, start: int = 0, signal_at: int = 0,
+          preemption: Preemption | None = None) -> tuple[loops.StepHooks, FakeBackend]:
+    """Run fake steps of ``step_s`` each (the device time elapses before the sync that reads them) until the
+    job's ``steps`` are done or the hooks stop training; ``start``: global steps done before (a resumed run)."""
     clock = FakeClock()
     monkeypatch.setattr(loops.time, "perf_counter", clock)
     backend = FakeBackend()
-    opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=check)
-    hooks = loops.StepHooks(backend, opts, 0, steps, sync_every, warm, Preemption(), None)  # type: ignore[arg-type]
+    opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=check,
+                      signal_at_step=signal_at)
+    hooks = loops.StepHooks(backend, opts, start, steps, sync_every, warm, preemption or Preemption(),
+                            None)  # type: ignore[arg-type]
     backend.hooks = hooks
     hooks.start_clock()
-    while hooks.dispatched < steps:
+    while hooks.global_step < steps:
         clock.now += step_s
         hooks.dispatched += 1
         clock.now += (pause_after or {}).get(hooks.dispatched, 0.0)  # host work between steps
@@ -88,16 +92,18 @@ def test_explicit_check_interval_adds_syncs(monkeypatch):
 
 
 def test_a_signal_stops_training_at_the_next_agreement(monkeypatch):
-    backend = FakeBackend()
-    opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=3)
     preemption = Preemption()
     preemption.signalled = "SIGTERM"  # as the handler records it (on one rank: allsum carries it to all)
-    hooks = loops.StepHooks(backend, opts, 0, 10, 25, 2, preemption, None)  # type: ignore[arg-type]
-    backend.hooks = hooks
-    hooks.start_clock()
-    stopped = None
-    while stopped is None and hooks.dispatched < 10:
-        hooks.dispatched += 1
-        if hooks.sync_due() and hooks.sync([1.0] * (hooks.dispatched - hooks.synced)):
-            stopped = hooks.dispatched
-    assert stopped == 3 and hooks.stopped_at == 3 and backend.agreements == [3]
+    hooks, backend = drive(monkeypatch, 10, 0.001, check=3, preemption=preemption)
+    assert hooks.dispatched == 3 and hooks.stopped_at == 3 and backend.agreements == [3]
+
+
+def test_signal_aid_fires_once_and_not_again_after_a_resume(monkeypatch):
+    """--signal-at-step S: SIGTERM in the run whose sync covers step S; the resumed run (same command) starts past
+    S and must not signal itself again (a Slurm requeue would loop)."""
+    sent: list[int] = []
+    monkeypatch.setattr(loops.os, "kill", lambda pid, sig: sent.append(sig))
+    drive(monkeypatch, 12, 0.001, check=2, signal_at=3)
+    assert len(sent) == 1
+    drive(monkeypatch, 12, 0.001, check=2, signal_at=3, start=4)
+    assert len(sent) == 1
