@@ -30,9 +30,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 MODES = ("fit", "ctl")
 LR_SCALINGS = ("none", "linear")
 # Keys only some models / datasets read: hashed only when the job's model or dataset lists them in its job_fields.
-OPTIONAL_KEYS = ("mlp_hidden", "image_shape", "num_classes", "synthetic_samples")
-# The tfrecord dataset's own keys: same rule as OPTIONAL_KEYS (hashed only for it), so no other job's hash moves.
-DATASET_OWN_KEYS = ("tfrecord_sharding", "tfrecord_label_offset")
+OPTIONAL_KEYS = ("mlp_hidden", "image_shape", "num_classes", "synthetic_samples", "tfrecord_sharding",
+                 "tfrecord_label_offset")
 TFRECORD_SHARDINGS = ("exact", "files")
 # Keys added after jobs were first hashed: hashed only when not at their default, so older hashes stay valid.
 LATER_KEYS = ("sync_every_steps", "steps_per_execution")
@@ -96,7 +95,7 @@ class Job:
         # Keys the job does not use cannot change its math: leave them out so equal jobs hash equal.
         spec = MODELS.get(self.model)  # None: a tf.keras.applications model, which reads no optional key
         used = set(DATASETS[self.dataset].job_fields) | set(spec.job_fields if spec else ())
-        for key in OPTIONAL_KEYS + DATASET_OWN_KEYS:
+        for key in OPTIONAL_KEYS:
             if key not in used:
                 d.pop(key)
         if self.optimizer != "momentum":

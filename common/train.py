@@ -138,6 +138,8 @@ def make_plan(job: Job, backend: Backend) -> Plan:
     if spe % per_exec or total % per_exec:
         raise UsageError(f"{spe} steps per epoch and {total} steps at {replicas} replicas must be multiples of "
                          f"steps_per_execution = {per_exec} (the host sees the device only between executions)")
+    # before the model is built (ResNet-50 takes a while): files-mode sharding needs a shard per input pipeline
+    data_mod.check_sharding(job, job.global_batch_size(replicas), backend.num_workers)
     return Plan(job.global_batch_size(replicas), job.scaled_learning_rate(replicas), spe, total, replicas)
 
 

@@ -183,7 +183,8 @@ def test_registry_job_fields_are_job_keys_and_hashed_only_when_read():
     declared = {key for spec in specs for key in spec.job_fields}
     assert declared <= set(FIELDS)
     assert set(OPTIONAL_KEYS) <= declared  # an optional key nobody reads would never be hashed
-    other_values = {"mlp_hidden": (3,), "image_shape": (8, 8, 3), "num_classes": 5, "synthetic_samples": 7}
+    other_values = {"mlp_hidden": (3,), "image_shape": (8, 8, 3), "num_classes": 5, "synthetic_samples": 7,
+                    "tfrecord_sharding": "files", "tfrecord_label_offset": 0}
     default = Job()
     for spec in specs:
         if isinstance(spec, ModelSpec):  # with the default dataset, which reads some keys too

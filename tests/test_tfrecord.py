@@ -335,3 +335,16 @@ def test_real_runs_on_tfrecords_native_horovod_and_one_worker_agree(tmp_path):
         msg = first_divergence(nat["step_losses"], other["step_losses"], 1e-5)
         assert msg is None, f"{what}: {msg}"
     assert nat["weights_consistent"] and hvd["weights_consistent"]
+
+
+@pytest.mark.distributed
+def test_files_mode_with_too_few_shards_exits_2(tmp_path):
+    """One shard for two workers: a real run stops with one line and status 2 (the check runs in make_plan)."""
+    write_shards(tmp_path / "one", [32], labels=[1 + k % 10 for k in range(32)], shape=(12, 12, 3))
+    env = {**base_env(), "TWINBENCH_CACHE": str(tmp_path / "cache")}
+    proc = run(backend_cmd("native", tmp_path / "res", "--set", "dataset=tfrecord", "--set",
+                           f"data_dir={tmp_path / 'one'}", "--set", "image_shape=12,12,3", "--set",
+                           "tfrecord_sharding=files", "--set", "per_replica_batch_size=4", "--set", "steps=2"),
+               env=env, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "1 shards for 2 pipelines" in proc.stderr and "Traceback" not in proc.stderr
