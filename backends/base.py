@@ -138,6 +138,12 @@ class Backend(abc.ABC):
         same step). Used for the preemption agreement, which also carries each rank's step time."""
 
     @property
+    def variant(self) -> str | None:
+        """A non-default variant of this backend that changes the math or the schedule (native: a --strategy other
+        than mwms), or None. Part of the checkpoint's name, so one variant never resumes another's checkpoint."""
+        return None
+
+    @property
     def uses_coordinator(self) -> bool:
         """Are the steps scheduled by a ClusterCoordinator (parameter-server training, ``common.ps_loop``)? Then
         only this process (the chief) trains, asynchronously, and its collectives involve no other rank."""
@@ -162,6 +168,38 @@ class Backend(abc.ABC):
 
     def barrier(self) -> None:
         self.allgather(None)
+
+    # -- the custom-loop step split into phases (``--diagnose breakdown``, ``common.breakdown``) ---------------
+    def start_timeline(self, path: str) -> bool:
+        """Start the backend's own collective timeline into ``path`` (Horovod's); True when this rank writes it.
+        Default: the backend has none (tf.distribute's collectives show in the TensorFlow profiler trace)."""
+        return False
+
+    @property
+    def profiler_caveat(self) -> str | None:
+        """What a user profiling this backend should know (printed once by the chief under --profile-steps)."""
+        return None
+
+    def stop_timeline(self) -> None:
+        """Stop the timeline ``start_timeline`` started (files flushed before this returns)."""
+        return None  # no timeline of its own: nothing to stop
+
+    def breakdown_problem(self) -> str | None:
+        """Why this backend, as set up, cannot split its step into phases (one line), or None when it can."""
+        return f"the {self.name} backend does not split its step into phases"
+
+    def local_gradients(self, tape: Any, target: Any, variables: list[Any]) -> list[Any]:
+        """This replica's gradients, not reduced across replicas (in the replica function, no collective)."""
+        return tape.gradient(target, variables)
+
+    def allreduce_gradients(self, grads: list[Any]) -> list[Any]:
+        """SUM over all replicas of ``grads``, the reduction training applies (in the replica function; a
+        collective: every replica calls it at the same step)."""
+        raise NotImplementedError(self.breakdown_problem() or f"{self.name}: no allreduce_gradients")
+
+    def apply_local(self, optimizer: Any, grads_and_vars: list[tuple[Any, Any]]) -> Any:
+        """Apply gradients that are already reduced, without reducing them again; returns the update op."""
+        return optimizer.apply_gradients(grads_and_vars, experimental_aggregate_gradients=False)
 
     def sync_model_state(self, model: Any) -> None:
         """Make non-trainable state (BatchNorm moving statistics) what MWMS reads: the mean over replicas.

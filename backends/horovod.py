@@ -27,10 +27,12 @@ PROG = "backends.horovod"
 @dataclass(frozen=True)
 class Options(BaseOptions):
     fp16_allreduce: bool = False  # compress gradients to float16 (off: it changes the math, parity needs it off)
+    timeline: bool = False  # --profile-steps: Horovod's timeline can be started at run time (HOROVOD_TIMELINE)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
-        return cls(threads=args.threads, fp16_allreduce=args.fp16_allreduce)
+        return cls(threads=args.threads, fp16_allreduce=args.fp16_allreduce,
+                   timeline=getattr(args, "profile_steps", None) is not None)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,10 +44,23 @@ def parser() -> argparse.ArgumentParser:
 
 def local_command(n: int, args: list[str], python: str = sys.executable) -> list[str]:
     """The command that runs ``n`` ranks of this backend on this host (``horovodrun --gloo``; one: no launcher)."""
-    body = [python, "-m", PROG, *args]
     if n == 1:
-        return body  # hvd.init() with no launcher is a world of one
-    return [str(Path(python).parent / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo", *body]
+        return [python, "-m", PROG, *args]  # hvd.init() with no launcher is a world of one
+    return horovodrun_command(f"localhost:{n}", n, args, python)
+
+
+def horovodrun_command(hosts: str, n: int, args: list[str], python: str = sys.executable) -> list[str]:
+    """``horovodrun --gloo`` running ``n`` ranks on ``hosts`` (``node1:2,node2:2``), told the data interface
+    (``--iface`` in ``args``, else TWINBENCH_IFACE) by ``--network-interface`` when a host is remote."""
+    iface = next((a.split("=", 1)[1] for a in args if a.startswith("--iface=")), None)
+    if "--iface" in args[:-1]:
+        iface = args[args.index("--iface") + 1]
+    iface = iface or os.environ.get("TWINBENCH_IFACE")
+    remote = any(h.split(":")[0] not in ("localhost", "127.0.0.1") for h in hosts.split(","))
+    # horovodrun with only local hosts accepts loopback interfaces alone; the ranks' --iface then sets Gloo's
+    nic = ["--network-interface", iface] if iface and remote else []
+    return [str(Path(python).parent / "horovodrun"), "-np", str(n), "-H", hosts, "--gloo", *nic,
+            python, "-m", PROG, *args]
 
 
 def doctor(tf_version: str | None) -> Diagnosis:
@@ -87,6 +102,10 @@ class HorovodBackend(Backend):
         import tensorflow as tf
 
         self.hvd, self.htf, self.tf = hvd, htf, tf
+        if self.opts.timeline:
+            # start_timeline() refuses to run unless HOROVOD_TIMELINE is set at init on every rank; DYNAMIC records
+            # nothing until started (a user's own HOROVOD_TIMELINE=file is kept: that file is then switched)
+            os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         hvd.init()
         threads = configure_threads(hvd.local_size(), self.opts.threads)
         pin = pin_one_gpu(hvd.local_rank(), PROG)
@@ -99,6 +118,8 @@ class HorovodBackend(Backend):
         hvd = self.hvd
         return {
             "controller": "gloo" if hvd.gloo_enabled() else ("mpi" if hvd.mpi_enabled() else "?"),
+            "local_size": hvd.local_size(),  # Horovod's own view of the placement (the record's topology agrees)
+            "cross_size": hvd.cross_size(),
             "built": {"gloo": hvd.gloo_built(), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())},
             "compression": "fp16" if self.opts.fp16_allreduce else "none",
             "threads_per_process": self.info.threads,
@@ -163,6 +184,17 @@ class HorovodBackend(Backend):
     def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         return [step_fn(*batch)]
 
+    def breakdown_problem(self) -> str | None:
+        return None
+
+    def allreduce_gradients(self, grads: list[Any]) -> list[Any]:
+        # What wrap_tape's DistributedGradientTape does: one allreduce per gradient (Horovod fuses them), op=Sum,
+        # the same compression, and nothing at all in a world of one (its tf.cond on size() > 1).
+        if self.num_workers == 1:
+            return list(grads)
+        htf = self.htf
+        return [htf.allreduce(g, op=htf.Sum, compression=self.compression) for g in grads]
+
     def before_training(self, model: Any) -> None:
         # Same seed gives the same weights on every rank, but the chief's are the reference: make sure.
         self.htf.broadcast_variables(model.variables, root_rank=0)
@@ -193,6 +225,15 @@ class HorovodBackend(Backend):
         # Everyone else takes rank 0's weights and optimizer state (slots exist: common.train created them).
         self.htf.broadcast_variables(model.variables, root_rank=0)
         self.htf.broadcast_variables(optimizer.variables(), root_rank=0)
+
+    def start_timeline(self, path: str) -> bool:
+        """Horovod's timeline from now into ``path``; only rank 0 (the coordinator) writes it: its negotiation
+        rows show when each rank was ready for each allreduce."""
+        self.htf.start_timeline(path, mark_cycles=False)
+        return self.is_chief
+
+    def stop_timeline(self) -> None:
+        self.htf.stop_timeline()  # rank 0 flushes and closes the file before this returns
 
     def allsum(self, values: list[float]) -> list[float]:
         if self.num_workers == 1:

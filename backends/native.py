@@ -41,6 +41,7 @@ COMMS = ("auto", "ring", "nccl")
 EXIT_BARRIER_MS = 30_000  # ms to wait for peers at exit: they are all past their last collective within a second
 CENTRAL_VARIABLES = "/cpu:0"  # where central_storage keeps the variables (the Q&A's: the host, next to the GPUs)
 SERVER_LINGER_S = 20.0  # s the local launcher gives ps/worker servers to exit after the chief (they need about 2)
+BREAKDOWN_STRATEGIES = ("mwms", "one_device")  # one replica per process: the phases are that process's
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,7 @@ class NativeBackend(Backend):
         import tensorflow as tf
 
         o = self.opts
-        local_rank = cli.env_int("TWINBENCH_LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
-        # the step's own task count per node first: an srun step may use fewer tasks than the job
-        local_size = cli.env_int("TWINBENCH_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
-                                 "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
+        local_rank, local_size = native_cluster.local_place()  # from the launcher's layout (TF_CONFIG, Slurm)
         self.threads = configure_threads(local_size, o.threads)
         gpus = tf.config.list_physical_devices("GPU")
         self.visible_gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -192,6 +190,17 @@ class NativeBackend(Backend):
     def uses_coordinator(self) -> bool:
         return self.opts.strategy == "parameter_server"
 
+    @property
+    def profiler_caveat(self) -> str | None:
+        if self.opts.strategy != "mwms" or self.num_workers == 1:
+            return None
+        return ("TensorFlow's profiler with several MWMS workers aborted a worker (double free) or hung in stop() in "
+                "about 1 run of 6 on TF 2.21 CPU: rerun if that happens (README, Watching and tracing a run)")
+
+    @property
+    def variant(self) -> str | None:
+        return None if self.opts.strategy == "mwms" else self.opts.strategy  # mwms keeps the plain checkpoint name
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "strategy": type(self.strategy).__name__ if self.strategy is not None else None,
@@ -251,6 +260,16 @@ class NativeBackend(Backend):
     def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         out = self.strategy.run(step_fn, args=tuple(batch))
         return list(self.strategy.experimental_local_results(out))
+
+    def breakdown_problem(self) -> str | None:
+        return breakdown_problem(self.opts.strategy)
+
+    def allreduce_gradients(self, grads: list[Any]) -> list[Any]:
+        import tensorflow as tf
+
+        # What the optimizer's apply_gradients does under MWMS (all_reduce_sum_gradients): one batched SUM
+        # all-reduce of the gradient list in the replica context, with the strategy's CommunicationOptions.
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
 
     @property
     def _alone(self) -> bool:
@@ -369,8 +388,19 @@ def launch_local(n: int, argv: list[str], ps: int = 0) -> int:
     return localcluster.supervise(localcluster.start_tf_config_workers(n, command, env), PROG)
 
 
+def breakdown_problem(strategy: str) -> str | None:
+    """Why ``--diagnose breakdown`` cannot run with ``strategy`` (one line), or None."""
+    if strategy in BREAKDOWN_STRATEGIES:
+        return None
+    return (f"--diagnose breakdown splits the synchronous all-reduce step into phases: --strategy "
+            f"{' or '.join(BREAKDOWN_STRATEGIES)}, not {strategy}")
+
+
 def _preflight(args: argparse.Namespace) -> None:
     """Launch-mode checks before TensorFlow starts (each failure: one line, exit 2)."""
+    problem = breakdown_problem(args.strategy) if args.diagnose else None
+    if problem:
+        raise UsageError(problem)
     if args.nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
     if args.ps < 0:

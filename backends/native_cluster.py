@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from common import slurm_layout
+from common import netif, slurm_layout
 from common.cli import env_int
 from common.errors import EXIT_PEER_LOST, UsageError
 from common.job import Job
@@ -32,6 +32,46 @@ def check_tf_config() -> None:
                          '"task": {"type": "worker", "index": N}}') from None
     if "ps" in tfc["cluster"]:
         raise UsageError("TF_CONFIG lists ps tasks: parameter-server training needs --strategy parameter_server")
+    iface = netif.selected()
+    if iface:
+        # MWMS reads TF_CONFIG when the strategy is made: give it the workers' addresses on the data interface
+        # (this task's own entry checked to be this host's address there).
+        tfc["cluster"]["worker"] = netif.workers_on(tfc["cluster"]["worker"], iface)
+        index = tfc["task"]["index"]
+        own = str(netif.ipv4(iface).ip)
+        if not 0 <= index < len(tfc["cluster"]["worker"]) \
+                or tfc["cluster"]["worker"][index].rpartition(":")[0] != own:
+            raise UsageError(f"TF_CONFIG makes this process worker {index}, but that entry is not on this host's "
+                             f"{iface} address {own}: workers {tfc['cluster']['worker']}")
+        os.environ["TF_CONFIG"] = json.dumps(tfc)
+
+
+def local_place() -> tuple[int, int]:
+    """(local rank, local size) of this worker on its host: a local launcher's variables, else the TF_CONFIG
+    layout (workers sharing this task's host), else Slurm's layout of the step, else the launchers' variables."""
+    if os.environ.get("TWINBENCH_LOCAL_RANK"):
+        return env_int("TWINBENCH_LOCAL_RANK", default=0), env_int("TWINBENCH_LOCAL_SIZE", default=1)
+    hosts: list[str] = []
+    index = 0
+    try:
+        if os.environ.get("TF_CONFIG"):
+            tfc = json.loads(os.environ["TF_CONFIG"])
+            if tfc["task"].get("type", "worker") != "worker":
+                raise KeyError("not an MWMS worker")  # a parameter-server role: its launcher's variables count
+            hosts = [str(w).rpartition(":")[0] for w in tfc["cluster"]["worker"]]
+            index = int(tfc["task"]["index"])
+        elif multi_task_slurm_step():
+            hosts = [w.rpartition(":")[0] for w in slurm_layout.step_workers(0)]
+            index = env_int("SLURM_PROCID", default=0)
+    except (ValueError, KeyError, TypeError, slurm_layout.LayoutError):
+        hosts = []  # checked (and reported) by the preflight; fall back to the variables
+    if 0 <= index < len(hosts):
+        return hosts[:index].count(hosts[index]), hosts.count(hosts[index])
+    local_rank = env_int("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+    # the step's own task count per node first: an srun step may use fewer tasks than the job
+    local_size = env_int("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                         default=1)
+    return local_rank, local_size
 
 
 def multi_task_slurm_step() -> bool:
@@ -64,9 +104,11 @@ def check_slurm_env(port_base: int) -> None:
     if not 0 <= procid < ntasks:
         raise UsageError(f"inconsistent Slurm environment: SLURM_PROCID={procid} with {ntasks} tasks")
     try:
-        slurm_layout.step_workers(port_base)  # this task's place in the layout MWMS will be given
+        workers = slurm_layout.step_workers(port_base)  # this task's place in the layout MWMS will be given
     except slurm_layout.LayoutError as e:
         raise UsageError(str(e)) from None
+    if netif.selected():
+        netif.workers_on(workers, netif.selected() or "")  # every node has an address on the interface's subnet
     port = port_base + localid  # the n-th task on a node listens on port_base + n
     with socket.socket() as s:
         # SO_REUSEADDR as gRPC binds: a port in TIME_WAIT from a previous run is free to use, not "in use".
@@ -105,6 +147,11 @@ def slurm_resolver(tf: Any, port_base: int, gpus_per_node: int, visible_gpus: in
                   f"using Slurm's: {ours}", file=sys.stderr, flush=True)
         spec = tf.train.ClusterSpec({"worker": ours})
         source = "slurm (twinbench layout)"
+    iface = netif.selected()
+    if iface:
+        # the resolver's addresses are host names: each may resolve to another network than the data one
+        spec = tf.train.ClusterSpec({"worker": netif.workers_on(spec.as_dict()["worker"], iface)})
+        source += f", addresses on {iface}"
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         cluster_spec=spec, task_type="worker", task_id=int(os.environ.get("SLURM_PROCID", "0")),
         num_accelerators={"GPU": min(visible_gpus, 1)}, rpc_layer="grpc")

@@ -3,6 +3,8 @@
 Times a SUM allreduce of float32 tensors of each size on every rank (synchronised per iteration: the step of a
 synchronous job ends when the slowest rank's allreduce ends, so an iteration's time is the max over ranks), and
 reports nccl-tests' bandwidths: algbw = bytes / time, busbw = algbw x 2(n-1)/n (what each link carries in a ring).
+The chief prints them as nccl-tests' ``all_reduce_perf`` table (out-of-place columns) with its ``Avg bus bandwidth``
+line, so the parsers written for nccl-tests read twinbench's output too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Backend
+from common import observe, p2p
 from common import results as res
 from common.runconfig import BenchOptions
 
@@ -50,14 +53,17 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
     import tensorflow as tf
 
     sizes, iters, warmup = list(bench.sizes), bench.iters, bench.warmup_iters
+    link = p2p.probe(backend)  # the raw link first (a collective), the yardstick for busbw
     reduce_fn = backend.allreduce_fn()
     n = backend.num_replicas
     mine: dict[str, list[float]] = {}
+    wrong: dict[str, int] = {}
     for size in sizes:
         t = tf.ones([size // 4], dtype=tf.float32)
-        got = float(reduce_fn(t)[-1])
-        if got != n:  # a benchmark of a reduction that does not reduce measures nothing
-            raise RuntimeError(f"allreduce of ones over {n} replicas gave {got} at {size} bytes")
+        # nccl-tests' #wrong: elements of the (untimed) first result that are not the expected sum
+        wrong[str(size)] = bad = int(tf.math.count_nonzero(tf.not_equal(reduce_fn(t), float(n))))
+        if bad:  # a benchmark of a reduction that does not reduce measures nothing
+            raise RuntimeError(f"allreduce of ones over {n} replicas: {bad} wrong elements at {size} bytes")
         for _ in range(warmup):
             float(reduce_fn(t)[0])
         times = []
@@ -67,7 +73,7 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
             times.append(time.perf_counter() - t0)
         mine[str(size)] = times
         del t
-    everyone = backend.allgather({"host": res.hostname(), "times": mine})
+    everyone = backend.allgather({"host": res.hostname(), "times": mine, "wrong": wrong})
     if not backend.is_chief:
         return None
     rows = []
@@ -76,19 +82,25 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
         med = res.percentile(per_iter, 50)
         algbw = size / med / 1e9
         rows.append({"bytes": size, "time_median": med, "time_p95": res.percentile(per_iter, 95),
-                     "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(n), "iters": iters})
+                     "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(n), "iters": iters,
+                     "wrong": sum(r["wrong"][str(size)] for r in everyone)})
+    p2p.annotate(rows, link)  # busbw_pct_of_link per row
     record = {
         "schema": res.SCHEMA, "kind": "allreduce", "backend": backend.name, "backend_info": backend.describe(),
         "world_size": n, "num_workers": backend.num_workers, "dtype": "float32", "op": "sum", "warmup_iters": warmup,
         "rows": rows, "bus_factor": bus_factor(n), "versions": res.versions(),
         "hosts": [r["host"] for r in everyone], "command": command, "finished_at": res.now_iso(),
         "run_id": res.new_run_id(),
+        "link": link,  # common.p2p: the probed point-to-point rate
     }
     if verbose:
         print(f"[twinbench] allreduce, {backend.name}, {n} ranks (float32 sum; busbw = algbw x {bus_factor(n):.3f})")
-        print(f"{'bytes':>12} {'time (us)':>12} {'algbw GB/s':>12} {'busbw GB/s':>12}")
-        for r in rows:
-            print(f"{r['bytes']:>12} {r['time_median'] * 1e6:>12.1f} {r['algbw_GBps']:>12.3f} {r['busbw_GBps']:>12.3f}")
+    # The result itself (printed under --quiet too): time = median over the iterations of the slowest rank's time
+    heading = (f"twinbench allreduce_perf: backend {backend.name}, {n} ranks, {iters} iterations per size "
+               f"({warmup} untimed); time = median of the slowest rank's")
+    print("\n".join(observe.nccl_table(rows, heading)), flush=True)
+    if p2p.summary(rows, link):
+        print(p2p.summary(rows, link), flush=True)
     if results_dir is not None:
         name = f"allreduce-{backend.name}-n{n}-{record['run_id']}.json"
         path = res.write_json_atomic(Path(results_dir) / name, record)

@@ -9,14 +9,16 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from common import netif
 from common import reliability as rel
 from common.errors import UsageError, fail
 from common.job import Job, JobError, load_job
-from common.runconfig import PREEMPT_CHECK_STEPS, BenchOptions, RunOptions
+from common.runconfig import PREEMPT_CHECK_STEPS, PROGRESS_SECONDS, BenchOptions, RunOptions
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JOB = REPO / "jobs" / "smoke.toml"
 PROXY_VARS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")
+DIAGNOSES = ("breakdown",)  # --diagnose choices (common.breakdown)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -35,6 +37,9 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads per process (default 0 = cores / processes on this host)")
     p.add_argument("--quiet", action="store_true", help="no progress output (results are still written)")
+    p.add_argument("--iface", default=os.environ.get("TWINBENCH_IFACE") or None, metavar="NAME",
+                   help="data network interface for every launcher: Gloo, Open MPI, NCCL, and the addresses MWMS "
+                        "workers get (default $TWINBENCH_IFACE, else each launcher picks its own)")
     b = p.add_argument_group("benchmarks")
     b.add_argument("--bench", choices=("allreduce",), default=None,
                    help="run a microbenchmark instead of the job: allreduce of float32 tensors")
@@ -43,6 +48,18 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     b.add_argument("--iters", type=int, default=20, help="timed allreduces per size (default 20)")
     b.add_argument("--warmup-iters", type=int, default=5,
                    help="untimed allreduces per size first (default 5: connection set-up, buffers)")
+    d = p.add_argument_group("diagnostics")
+    d.add_argument("--diagnose", choices=DIAGNOSES, default=None,
+                   help="a separate diagnostic run instead of a benchmark: breakdown = the custom loop's step split "
+                        "into input, compute, gradient all-reduce, apply and the rest, each timed on the device "
+                        "(phases serialized: no overlap; never mixed into the benchmark figures)")
+    o = p.add_argument_group("observation")
+    o.add_argument("--profile-steps", default=None, metavar="A:B",
+                   help="TensorFlow profiler trace of global steps A..B (1-based, inclusive) on every rank, plus "
+                        "Horovod's timeline, into RESULTS/profile/; the timed window starts after step B")
+    o.add_argument("--progress-every", type=float, default=PROGRESS_SECONDS, metavar="SECONDS",
+                   help=f"seconds between the chief's progress lines, taken at host syncs (default "
+                        f"{PROGRESS_SECONDS:g}; 0 = none; --quiet prints none)")
     r = p.add_argument_group("reliability")
     r.add_argument("--peer-timeout", type=float, default=rel.PEER_TIMEOUT,
                    help=f"seconds before a silent peer rank counts as lost and every rank exits {rel.EXIT_PEER_LOST} "
@@ -59,6 +76,8 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     r.add_argument("--signal-at-step", type=int, default=0, help=argparse.SUPPRESS)  # testing aid: self-SIGTERM
     # testing aid: host sleep after every step (execution), outside the step call; the clock must count it
     r.add_argument("--pause-between-steps", type=float, default=0.0, help=argparse.SUPPRESS)
+    # testing aid: every batch waits this long in the input pipeline; the input-wait measure must see it
+    r.add_argument("--slow-input", type=float, default=0.0, help=argparse.SUPPRESS)
     return p
 
 
@@ -74,6 +93,42 @@ def _bench_options(prog: str, args: argparse.Namespace) -> BenchOptions | None:
     if args.iters < 1 or args.warmup_iters < 0:
         fail(prog, f"--iters must be >= 1 and --warmup-iters >= 0, got {args.iters} and {args.warmup_iters}")
     return BenchOptions(tuple(sizes), args.iters, args.warmup_iters)
+
+
+def _check_diagnose(prog: str, args: argparse.Namespace, job: Job) -> None:
+    """--diagnose runs the custom loop's math, alone: one line and exit 2 for what it cannot be combined with."""
+    if not args.diagnose:
+        return
+    if job.mode != "ctl":
+        fail(prog, f"--diagnose {args.diagnose} splits the custom loop's step into phases: use --set mode=ctl "
+                   f"(the job has mode {job.mode})")
+    if args.bench:
+        fail(prog, f"--diagnose {args.diagnose} and --bench {args.bench} are two different runs: pick one")
+    if args.resume_from:
+        fail(prog, f"--diagnose {args.diagnose} always starts from step 0: drop --resume-from")
+
+
+def _observe_options(prog: str, args: argparse.Namespace, job: Job) -> tuple[int, int] | None:
+    """--profile-steps and --progress-every: one line and exit 2 before TensorFlow starts."""
+    from common import observe
+
+    if args.progress_every < 0:
+        fail(prog, f"--progress-every must be >= 0 seconds (0 = no progress lines), got {args.progress_every}")
+    if args.profile_steps is None:
+        return None
+    try:
+        steps = observe.parse_profile_steps(args.profile_steps)
+    except ValueError as e:
+        fail(prog, str(e))
+    if args.bench:
+        fail(prog, f"--profile-steps traces training steps; --bench {args.bench} has none")
+    if not args.results:
+        fail(prog, "--profile-steps writes into the results dir: give --results DIR")
+    # the total is known here only when the job fixes it; otherwise once the plan is (common.train.announce)
+    reason = observe.check_profile_steps(steps, job.steps) if job.steps > 0 else None
+    if reason:
+        fail(prog, reason)
+    return steps
 
 
 def _check_numbers(prog: str, args: argparse.Namespace) -> None:
@@ -101,7 +156,13 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
     except (JobError, data_mod.DataError, OSError) as e:
         fail(prog, str(e))
     _check_numbers(prog, args)
+    try:
+        iface = netif.select(args.iface)  # before any launcher library reads its interface variable
+    except UsageError as e:
+        fail(prog, str(e))
     bench = _bench_options(prog, args)
+    _check_diagnose(prog, args, job)
+    profile_steps = _observe_options(prog, args, job)
     if args.resume_from:
         meta = rel.read_meta(Path(args.resume_from))
         if meta is None:
@@ -113,8 +174,9 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
         t_process_start=t0, command=tuple(command_line()), results_dir=args.results, verbose=not args.quiet,
         peer_timeout=args.peer_timeout, stall_timeout=args.stall_timeout,
         preempt_check_steps=args.preempt_check_steps or 0, signal_at_step=args.signal_at_step,
-        pause_between_steps=max(args.pause_between_steps, 0.0),
-        resume_from=args.resume_from, bench=bench,
+        pause_between_steps=max(args.pause_between_steps, 0.0), slow_input=max(args.slow_input, 0.0),
+        resume_from=args.resume_from, bench=bench, iface=iface, diagnose=args.diagnose,
+        profile_steps=profile_steps, progress_seconds=args.progress_every,
     )
     return job, opts
 

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from common import netif
 from common.errors import EXIT_PREEMPTED
 
 LOOPBACK = "127.0.0.1"
@@ -110,8 +111,11 @@ def _kill_lingering(procs: list[subprocess.Popen[Any]], pending: set[int], linge
 
 def start_tf_config_workers(n: int, argv: list[str], env: dict[str, str] | None = None,
                             **popen: Any) -> list[subprocess.Popen[Any]]:
-    """Start ``n`` processes ``argv`` on loopback, each with its TF_CONFIG and local rank/size variables."""
-    workers = loopback_workers(n)
+    """Start ``n`` processes ``argv`` on loopback (or, with an interface chosen, on its address), each with its
+    TF_CONFIG and local rank/size variables."""
+    iface = (os.environ if env is None else env).get(netif.ENV)
+    host = str(netif.ipv4(iface).ip) if iface else LOOPBACK  # the workers check their TF_CONFIG against it
+    workers = [f"{host}:{p}" for p in free_ports(n, host)]
     procs = []
     for i in range(n):
         mine = dict(os.environ if env is None else env)

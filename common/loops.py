@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import Backend
+from common import inputwait
 from common import reliability as rel
 from common.job import Job
 from common.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS, RunOptions
@@ -85,9 +86,25 @@ class StepHooks:
     losses: list[float] = field(default_factory=list)  # this rank's loss of every step of this run
     first_step_done: float | None = None
     stopped_at: int | None = None
+    input_clock: Any = None  # common.inputwait: the loop's input-wait clock (read once, after the loop)
     _last_check: int = 0  # steps done at the last agreement
     _last_check_time: float = 0.0
     _check_every: int = 0  # steps between agreements (0 until the clock starts)
+    global_batch: int = 0  # images per step: the progress line's images/s (0: steps/s only)
+    label: str = ""  # <backend>-<mode>-n<replicas>: names this run's profile directory
+    trace: Any = None  # common.observe.Trace under --profile-steps
+    progress: Any = None  # common.observe.Progress on a verbose chief
+
+    def __post_init__(self) -> None:
+        from common import observe
+
+        if self.opts.verbose and self.backend.is_chief and self.opts.progress_seconds > 0:
+            self.progress = observe.Progress(self.opts.progress_seconds, self.global_batch, self.total,
+                                             self.start_step)
+        if self.opts.profile_steps is not None and self.opts.results_dir:
+            # a collective (the run id): every rank builds its hooks at the same point, before the first step
+            self.trace = observe.Trace.create(self.backend, self.opts.results_dir, self.label or self.backend.name,
+                                              self.opts.profile_steps, self.start_step)
 
     @property
     def global_step(self) -> int:
@@ -100,8 +117,10 @@ class StepHooks:
 
     @property
     def warm(self) -> int:
-        """Untimed first steps of this run: at least one step is always timed."""
-        return min(self.timing_warmup, max(self.run_steps - 1, 0))
+        """Untimed first steps of this run: at least one step is always timed. Profiled steps are never timed: the
+        timed window starts after the last of them."""
+        traced = self.trace.end if self.trace is not None else 0
+        return min(max(self.timing_warmup, traced), max(self.run_steps - 1, 0))
 
     @property
     def check_every(self) -> int:
@@ -124,6 +143,8 @@ class StepHooks:
 
     def start_clock(self) -> None:
         """Right before the first step is handed over: the mark the first window (and time to first step) starts."""
+        if self.trace is not None:
+            self.trace.update(0)  # --profile-steps 1:B: the trace covers the first step too
         self.marks.append((0, time.perf_counter()))
         self._last_check_time = self.marks[0][1]
         # until the first agreement measures the step time: every PREEMPT_CHECK_STEPS steps, at syncs
@@ -144,11 +165,14 @@ class StepHooks:
         # an explicit --preempt-check-steps may ask for agreements between the regular syncs
         asked = self.opts.preempt_check_steps and d - self._last_check >= self.opts.preempt_check_steps
         return bool(last == 0 or d >= self.run_steps or d % self.sync_every == 0 or crossed(self.warm) or asked
-                    or (signal_step > 0 and crossed(signal_step)))
+                    or (signal_step > 0 and crossed(signal_step))
+                    or (self.trace is not None and self.trace.due(last, d)))
 
     def sync(self, losses: list[float]) -> bool:
         """Record a block just read (the read waited for its steps); True when training must stop now."""
         before = self.start_step + self.synced  # global steps already seen at the previous sync
+        if self.trace is not None:
+            self.trace.update(self.dispatched)  # before the mark: starting or writing a trace is never timed
         self.marks.append((self.dispatched, time.perf_counter()))
         self.losses.extend(losses)
         if len(self.losses) != self.dispatched:
@@ -161,6 +185,10 @@ class StepHooks:
                       "process start", flush=True)
         if self.watchdog is not None:
             self.watchdog.progress(f"step {done}")
+        if self.progress is not None:
+            line = self.progress.at_sync(self.dispatched, self.marks[-1][1], self.losses[-1] if losses else None)
+            if line:
+                print(line, flush=True)
         if before < self.opts.signal_at_step <= done and self.backend.is_chief:
             # once, in the run whose block contains that step: a resumed run (same command) starts past it
             os.kill(os.getpid(), signal.SIGTERM)
@@ -270,13 +298,17 @@ def twin_model_class() -> Any:
         local_replicas = 1
         xla_forward = None  # a holder (not tracked by Keras) whose .fn is the jit-compiled forward pass, or None
         loss_ring: Any = None  # a holder (not tracked by Keras) whose .ring is the LossRing
+        input_clock: Any = None  # a holder (not tracked by Keras) whose .clock is the inputwait.InputClock
 
         def train_step(self, data: Any) -> dict[str, Any]:
+            clock = self.input_clock.clock if self.input_clock is not None else None
+            if clock is not None:  # Keras fetched ``data`` before this call: the time since the last step ended
+                self._on_first_replica(lambda: clock.batch_ready(data, self._train_counter))
             x, y = data
             with tf.GradientTape() as tape:
                 y_pred = self.xla_forward.fn(x) if self.xla_forward is not None else self(x, training=True)
                 loss = self.compute_loss(x, y, y_pred, None)
-            self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+            update = self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
             logs = self.compute_metrics(x, y, y_pred, None)
             # Under a strategy Keras divided this replica's loss by the replica count; undo it for the record.
             step_loss = loss * tf.cast(tf.distribute.get_strategy().num_replicas_in_sync, loss.dtype)
@@ -286,7 +318,16 @@ def twin_model_class() -> Any:
             logs["step_loss"] = step_loss
             if self.loss_ring is not None:
                 self._record(step_loss)
+            if clock is not None:
+                self._on_first_replica(lambda: clock.step_done([t for t in (update, step_loss) if t is not None]))
             return logs
+
+        def _on_first_replica(self, fn: Any) -> Any:
+            # every local replica would measure (nearly) the same time: the first one records it
+            if self.local_replicas == 1:
+                return fn()
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            return tf.cond(tf.equal(replica % self.local_replicas, 0), lambda: tf.group(fn()), tf.no_op)
 
         def _record(self, step_loss: Any) -> None:
             # Keras' own step counter of this fit call (0 at the first step): the run step this loss belongs to.
@@ -314,6 +355,8 @@ def run_fit(job: Job, backend: Backend, model: Any, dataset: Any, hooks: StepHoo
                          WarmupLR(hooks, plan.learning_rate, plan.steps_per_epoch, plan.replicas, job.warmup_epochs))
     ring = LossRing(hooks.sync_every, 1)
     model.loss_ring = types.SimpleNamespace(ring=ring)
+    hooks.input_clock = clock = inputwait.InputClock("gap", hooks.warm)
+    model.input_clock = types.SimpleNamespace(clock=clock)
     callbacks.append(StepRecorder(hooks, ring))
     hooks.start_clock()
     model.fit(dataset, epochs=math.ceil(hooks.run_steps / plan.steps_per_epoch),
@@ -364,11 +407,13 @@ def run_ctl(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any
     iterator = iter(dataset)
     ring = LossRing(hooks.sync_every, backend.info.replicas_per_worker)
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_run_step")
+    hooks.input_clock = clock = inputwait.InputClock("fetch", hooks.warm)
 
     @tf.function
     def train_step() -> Any:
         # The iterator is captured, not passed: a (distributed) iterator argument costs a structure check per call.
-        written = ring.write(counter, backend.run(step_fn, next(iterator)))
+        batch = clock.fetch(lambda: next(iterator), counter)  # timed on the device: how long the batch took
+        written = ring.write(counter, backend.run(step_fn, batch))
         with tf.control_dependencies([written]):
             return counter.assign_add(1)
 
@@ -386,10 +431,5 @@ def run_ctl(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any
         hooks.between_steps()
         if not hooks.sync_due():
             continue
-        before = hooks.synced
-        stop = hooks.sync(ring.read(before, hooks.dispatched))
-        if verbose and (hooks.global_step // max(1, spe // 4) > (hooks.start_step + before) // max(1, spe // 4)
-                        or hooks.global_step == hooks.total):
-            print(f"step {hooks.global_step}/{hooks.total} rank-0 loss {hooks.losses[-1]:.5f}", flush=True)
-        if stop:
+        if hooks.sync(ring.read(hooks.synced, hooks.dispatched)):  # progress lines: StepHooks.sync
             break

@@ -17,15 +17,19 @@ the synchronous runs, though a fast worker may run ahead of a slow one.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from backends.base import Backend
+from common import inputwait
 from common.job import Job
 
 if TYPE_CHECKING:
-    from common.loops import Plan
+    from common.loops import Plan, StepHooks
+
+# Why the record's ``input`` is not measured here.
+INPUT_NOT_MEASURED = ("parameter-server training: each worker fetches its own batches, asynchronously, in steps "
+                      "the chief only schedules; their waits are not measured")
 
 
 def sync_points(run_steps: int, warm: int, every: int) -> list[int]:
@@ -35,35 +39,13 @@ def sync_points(run_steps: int, warm: int, every: int) -> list[int]:
     return sorted(p for p in points if 0 < p <= run_steps)
 
 
-class _SyncAdapter:
-    """ADAPTER, to delete once ``StepHooks.sync`` takes ``(steps_done, losses)``: maps the recording interface this
-    module uses (``start_clock()``, ``sync(steps_done, losses) -> bool``) onto the StepHooks being rewritten, whose
-    ``sync(losses)`` records the steps its loops counted in ``dispatched``."""
-
-    def __init__(self, hooks: Any) -> None:
-        self.hooks = hooks
-
-    def start_clock(self) -> None:
-        self.hooks.start_clock()
-
-    def sync(self, steps_done: int, losses: list[float]) -> bool:
-        self.hooks.dispatched = steps_done
-        return bool(self.hooks.sync(losses))
-
-
-def _recorder(hooks: Any) -> Any:
-    """``hooks`` itself once its ``sync`` takes ``(steps_done, losses)``; until then the adapter above."""
-    if len(inspect.signature(hooks.sync).parameters) == 2:
-        return hooks
-    return _SyncAdapter(hooks)
-
-
 class _Syncs:
-    """Worker steps scheduled since the last sync; at each sync point: join, read their losses, record them."""
+    """Worker steps scheduled since the last sync; at each sync point: join, read their losses, record them in
+    the ``StepHooks`` (the global steps done so far as its ``dispatched``, then its ``sync``)."""
 
-    def __init__(self, coordinator: Any, recorder: Any, fan: int, points: list[int], read: Callable[[Any], float],
+    def __init__(self, coordinator: Any, hooks: StepHooks, fan: int, points: list[int], read: Callable[[Any], float],
                  progress: Callable[[int, float], None] | None) -> None:
-        self.coordinator, self.recorder, self.fan, self.points = coordinator, recorder, fan, points
+        self.coordinator, self.hooks, self.fan, self.points = coordinator, hooks, fan, points
         self.read, self.progress = read, progress
         self.pending: list[Any] = []  # RemoteValues of the worker steps scheduled since the last sync
         self.done = 0  # steps of this run recorded
@@ -78,7 +60,9 @@ class _Syncs:
         values = [self.read(v.fetch()) for v in self.pending]
         losses = [sum(values[i * self.fan:(i + 1) * self.fan]) / self.fan for i in range(steps)]
         self.done, self.pending = self.points.pop(0), []
-        stop = self.recorder.sync(self.done, losses)
+        # The chief hands steps over only at these points: all of them were dispatched once they are joined.
+        self.hooks.dispatched = self.done
+        stop = self.hooks.sync(losses)
         if self.progress is not None:
             self.progress(self.done, losses[-1])
         return stop or not self.points
@@ -111,17 +95,17 @@ def _worker_step(strategy: Any, model: Any, optimizer: Any, worker_batch: int, r
     return worker_step
 
 
-def _run_ctl(strategy: Any, coordinator: Any, step: Any, dataset_fn: Callable[[Any], Any], recorder: Any,
+def _run_ctl(strategy: Any, coordinator: Any, step: Any, dataset_fn: Callable[[Any], Any], hooks: StepHooks,
              syncs: _Syncs) -> None:
     # Created on every worker through the coordinator; each worker then iterates its own dataset.
     per_worker = coordinator.create_per_worker_dataset(lambda: strategy.distribute_datasets_from_function(dataset_fn))
     iterator = iter(per_worker)
-    recorder.start_clock()
+    hooks.start_clock()
     while not syncs.add(coordinator.schedule(step, args=(iterator,))):
         pass
 
 
-def _run_fit(model: Any, dataset_fn: Callable[[Any], Any], worker_steps: int, recorder: Any,
+def _run_fit(model: Any, dataset_fn: Callable[[Any], Any], worker_steps: int, hooks: StepHooks,
              syncs: _Syncs) -> None:
     import tensorflow as tf
 
@@ -136,7 +120,7 @@ def _run_fit(model: Any, dataset_fn: Callable[[Any], Any], worker_steps: int, re
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             if not self.started:
-                recorder.start_clock()
+                hooks.start_clock()
                 self.started = True
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -148,21 +132,20 @@ def _run_fit(model: Any, dataset_fn: Callable[[Any], Any], worker_steps: int, re
               callbacks=[Scheduled()], verbose=0)
 
 
-def run_ps(job: Job, backend: Backend, model: Any, optimizer: Any, dataset_fn: Callable[[Any], Any], hooks: Any,
-           plan: Plan, verbose: bool) -> None:
+def run_ps(job: Job, backend: Backend, model: Any, optimizer: Any, dataset_fn: Callable[[Any], Any],
+           hooks: StepHooks, plan: Plan, verbose: bool) -> None:
     """Train on the chief of a parameter-server cluster (``backend.uses_coordinator``), in ``job.mode``.
 
     ``dataset_fn`` is the per-worker dataset function ``backend.make_dataset`` returned; ``hooks`` records the
-    losses and clock marks at each sync (``start_clock()`` before the first step, ``sync(steps_done, losses)``).
+    losses and clock marks at each sync, as in the synchronous loops.
     """
     import tensorflow as tf
 
     strategy = model.distribute_strategy
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)  # one per strategy (Keras')
-    recorder = _recorder(hooks)
+    hooks.input_clock = inputwait.NotMeasured(INPUT_NOT_MEASURED)
     fan = backend.num_workers  # worker steps per global step
-    run_steps = plan.total_steps - hooks.start_step
-    warm = min(job.timing_warmup_steps, max(run_steps - 1, 0))  # at least one step is timed
+    run_steps = hooks.run_steps
     progress = None
     if verbose:
         print(f"[twinbench] parameter-server training (asynchronous): {fan} worker steps of "
@@ -172,11 +155,11 @@ def run_ps(job: Job, backend: Backend, model: Any, optimizer: Any, dataset_fn: C
         def progress(done: int, loss: float) -> None:
             print(f"step {hooks.start_step + done}/{plan.total_steps} loss {loss:.5f}", flush=True)
 
-    points = sync_points(run_steps, warm, job.sync_every_steps)
+    points = sync_points(run_steps, hooks.warm, job.sync_every_steps)
     if job.mode == "fit":
-        syncs = _Syncs(coordinator, recorder, fan, points, lambda logs: float(logs["step_loss"]), progress)
-        _run_fit(model, dataset_fn, run_steps * fan, recorder, syncs)
+        syncs = _Syncs(coordinator, hooks, fan, points, lambda logs: float(logs["step_loss"]), progress)
+        _run_fit(model, dataset_fn, run_steps * fan, hooks, syncs)
     else:
-        syncs = _Syncs(coordinator, recorder, fan, points, float, progress)
+        syncs = _Syncs(coordinator, hooks, fan, points, float, progress)
         step = _worker_step(strategy, model, optimizer, plan.global_batch // fan, backend.info.replicas_per_worker)
-        _run_ctl(strategy, coordinator, step, dataset_fn, recorder, syncs)
+        _run_ctl(strategy, coordinator, step, dataset_fn, hooks, syncs)

@@ -84,6 +84,11 @@ class RunRecord:
     trainable_weights_digest: str | None = None  # without BatchNorm statistics
     weights_consistent: bool | None = None  # identical trainable weights on every rank
     all_weights_consistent: bool | None = None  # non-trainable state too
+    asynchronous: bool = False  # parameter-server training: never in a parity claim, throughput and final loss only
+    input: dict[str, Any] | None = None  # did the input pipeline keep up (time waiting for the next batch)
+    network: dict[str, Any] | None = None  # the data interface and each rank's address the collectives used
+    topology: dict[str, Any] | None = None  # hosts, local size per rank, cross size (the launcher's placement)
+    artifacts: dict[str, Any] | None = None  # TensorBoard / profiler / timeline paths, relative to the results dir
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (a deep copy), keys in field order."""
@@ -104,11 +109,13 @@ class RunRecord:
         return cls(**{k: v for k, v in data.items() if k in _FIELD_NAMES})
 
 
-def _required_fields() -> dict[str, tuple[type, ...]]:
-    """Field -> accepted JSON types, for the fields every results file must carry (in field order)."""
-    hints = typing.get_type_hints(RunRecord)
+def _required_fields(record_class: type[Any] | None = None) -> dict[str, tuple[type, ...]]:
+    """Field -> accepted JSON types, for the fields every results file must carry (in field order); of RunRecord
+    unless ``record_class`` names another record dataclass."""
+    record_class = record_class or RunRecord
+    hints = typing.get_type_hints(record_class)
     out: dict[str, tuple[type, ...]] = {}
-    for f in dataclasses.fields(RunRecord):
+    for f in dataclasses.fields(record_class):
         no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if no_default or f.metadata.get("required"):
             t = typing.get_origin(hints[f.name]) or hints[f.name]
@@ -119,6 +126,77 @@ def _required_fields() -> dict[str, tuple[type, ...]]:
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunRecord))  # the JSON keys, in order
 _FIELD_NAMES = frozenset(FIELDS)
 REQUIRED: dict[str, tuple[type, ...]] = _required_fields()  # what a reader requires (derived, never listed)
+
+
+# -- the --diagnose breakdown record (common.breakdown) --------------------------------------------------------
+BREAKDOWN_PHASES = ("input", "compute", "comm", "apply", "rest")  # in step order; they sum to the step time
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakdownRecord:
+    """One ``--diagnose breakdown`` run: the custom loop's step split into phases, each timed on the device with
+    the phases serialized (no overlap). A diagnostic, never a benchmark figure: its ``kind`` keeps it out of the
+    training runs the report compares. Times in seconds per step; ``phases`` are means over the timed steps and
+    over ranks, and sum to ``step_time`` (device clock, step end to step end)."""
+
+    schema: int = _always_written(SCHEMA)
+    kind: str = _always_written("breakdown")
+    backend: str
+    backend_info: dict[str, Any] | None = None
+    world_size: int  # replicas
+    num_workers: int
+    mode: str = "ctl"  # the custom loop's math, split into phases
+    job_hash: str
+    job: dict[str, Any]
+    global_batch_size: int | None = None
+    steps: int
+    timed_steps: int  # after warmup_steps untimed ones
+    warmup_steps: int
+    phases: dict[str, float]  # BREAKDOWN_PHASES -> mean s per step (mean over ranks); comm includes waiting
+    phases_median: dict[str, float] | None = None  # median over steps of the per-step mean over ranks
+    wait: float | None = None  # mean s per step of comm spent waiting for the slowest rank (mean over ranks)
+    step_time: float  # mean s per step on the device clock: sum of ``phases``
+    host_step_time: float  # the slowest rank's host wall clock over the timed steps / timed steps
+    slowest_rank: int | None = None  # the rank the others wait for (least time in comm)
+    per_rank: list[dict[str, Any]] | None = None  # rank, host, mean and median per phase, wait
+    per_rank_step_phases: list[list[list[float]]] | None = None  # per rank, per timed step: BREAKDOWN_PHASES (s)
+    step_losses: list[float] | None = None  # mean over ranks, every step: the same math as a ctl training run
+    trainable_params: int | None = None
+    gradient_bytes: int | None = None  # bytes one replica allreduces per step
+    versions: dict[str, str] | None = None
+    hosts: list[str] | None = None
+    command: list[str] | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> BreakdownRecord:
+        """Read a parsed breakdown JSON; RecordError naming the first problem (fields, types, phases)."""
+        if not isinstance(data, Mapping):
+            raise RecordError(f"top level is a JSON {type(data).__name__}, not an object")
+        for name, types in _BREAKDOWN_REQUIRED.items():
+            value = data.get(name)
+            if name not in data or isinstance(value, bool) or not isinstance(value, types):
+                raise RecordError(f"field {name!r} is missing or has the wrong type")
+        if data["kind"] != "breakdown":
+            raise RecordError(f"kind {data['kind']!r} is not a breakdown")
+        for p in BREAKDOWN_PHASES:
+            v = data["phases"].get(p)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (v >= 0 and v < float("inf")):
+                raise RecordError(f"phases.{p} {v!r} is not a non-negative number")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def filename(self) -> str:
+        """``breakdown-<backend>-n<world_size>-<job_hash>-<run_id>.json``."""
+        return f"breakdown-{self.backend}-n{self.world_size}-{self.job_hash}-{self.run_id}.json"
+
+
+_BREAKDOWN_REQUIRED = _required_fields(BreakdownRecord)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -10,6 +10,8 @@ from common.reliability import PEER_TIMEOUT, STALL_TIMEOUT
 # acted on within a second or so, at a cost of one collective per second), every 10 steps until the step is timed.
 PREEMPT_CHECK_SECONDS = 1.0
 PREEMPT_CHECK_STEPS = 10
+# The chief's progress line: often enough to see a long run move, rare enough not to flood a batch log.
+PROGRESS_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -32,5 +34,10 @@ class RunOptions:
     preempt_check_steps: int = 0  # agree on a pending SIGTERM/SIGUSR1 every N steps (0: about once a second)
     signal_at_step: int = 0  # testing aid: the chief sends itself SIGTERM after this global step (0 = never)
     pause_between_steps: float = 0.0  # testing aid: host sleep (s) after each step, which the clock must count
+    slow_input: float = 0.0  # testing aid: each batch sleeps (s) in the input pipeline (common.inputwait.slowed)
     resume_from: str | None = None  # explicit checkpoint dir (default: this run's own in the results dir)
     bench: BenchOptions | None = None  # run a microbenchmark instead of the job
+    profile_steps: tuple[int, int] | None = None  # --profile-steps A:B (global, 1-based, inclusive); None = no trace
+    progress_seconds: float = PROGRESS_SECONDS  # seconds between the chief's progress lines (0 = none)
+    diagnose: str | None = None  # "breakdown": a diagnostic run of the job's step split into phases (common.breakdown)
+    iface: str | None = None  # --iface: the data network interface every launcher was pointed at (None: theirs)

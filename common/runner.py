@@ -1,7 +1,7 @@
 """How a set-up backend's run ends: exit 0 when done, 75 after a preemption checkpoint, 3 naming a lost peer.
 
-The entry points (``backends/*.py``) parse, prepare and set up; this module runs the job (or the microbenchmark)
-and turns its outcome into the exit statuses README documents.
+The entry points (``backends/*.py``) parse, prepare and set up; this module runs the job (or the microbenchmark, or
+the ``--diagnose breakdown`` run) and turns its outcome into the exit statuses README documents.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from common.runconfig import RunOptions
 
 
 def run(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
-    """Train (or benchmark) on a set-up backend; returns 0, or ends the process with 2, 3 or 75."""
+    """Train (or benchmark, or diagnose) on a set-up backend; returns 0, or ends the process with 2, 3 or 75."""
     from common.train import train
 
     if opts.bench is not None:
@@ -28,7 +28,12 @@ def run(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
         backend.shutdown()
         return 0
     try:
-        train(job, backend, opts)
+        if opts.diagnose == "breakdown":
+            from common.breakdown import run_breakdown
+
+            run_breakdown(job, backend, opts)  # a diagnostic run: its own record, never a benchmark's
+        else:
+            train(job, backend, opts)
     except UsageError as e:
         fail(prog, str(e))
     except Preempted as e:

@@ -21,7 +21,7 @@ from typing import Any
 
 from backends.base import Backend
 from common import data as data_mod
-from common import loops
+from common import inputwait, loops, netif, observe
 from common import reliability as rel
 from common import results as res
 from common.errors import PeerLost, Preempted, UsageError
@@ -92,12 +92,13 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, preemption: r
     built = build(job, backend, plan)
     resume = find_resume(job, backend, built, plan, opts)
     dataset = backend.make_dataset(
-        lambda index, count, per: data_mod.make_train_dataset(job, plan.global_batch, index, count, per,
-                                                              resume.start_step))
+        lambda index, count, per: inputwait.slowed(data_mod.make_train_dataset(
+            job, plan.global_batch, index, count, per, resume.start_step), opts.slow_input))
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
     hooks = StepHooks(backend, opts, resume.start_step, plan.total_steps, job.sync_interval, job.warmup_interval,
-                      preemption, watchdog)
+                      preemption, watchdog, global_batch=plan.global_batch,
+                      label=f"{backend.name}-{job.mode}-n{plan.replicas}")
     verbose = opts.verbose and backend.is_chief
     if backend.uses_coordinator:  # parameter-server training: the chief schedules asynchronous worker steps
         from common.ps_loop import run_ps
@@ -125,7 +126,7 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, preemption: r
         return None
     record = make_record(job, backend, opts, plan, built, resume, everyone, per_rank_losses, step_losses,
                          init_digest)
-    publish(record, opts, resume)
+    publish(record, opts, resume, hooks.trace)
     return record
 
 
@@ -145,6 +146,9 @@ def make_plan(job: Job, backend: Backend) -> Plan:
 
 def announce(job: Job, backend: Backend, plan: Plan, opts: RunOptions) -> None:
     """The chief prints the derived global batch and learning rate before anything else happens."""
+    reason = observe.check_profile_steps(opts.profile_steps, plan.total_steps)
+    if reason:  # on every rank: all of them exit 2
+        raise UsageError(reason)
     if not (opts.verbose and backend.is_chief):
         return
     info, replicas, lr = backend.info, plan.replicas, plan.learning_rate
@@ -213,7 +217,7 @@ def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> 
 
 def find_resume(job: Job, backend: Backend, built: Built, plan: Plan, opts: RunOptions) -> Resume:
     """Resume from a checkpoint when there is one: the chief decides (its view of the results dir), all follow."""
-    own_dir = rel.ckpt_dir(opts.results_dir or ".", backend.name, plan.replicas, job.job_hash)
+    own_dir = rel.ckpt_dir(opts.results_dir or ".", backend.name, plan.replicas, job.job_hash, backend.variant)
     source = Path(opts.resume_from) if opts.resume_from else own_dir
     meta = backend.allgather(rel.read_meta(source) if backend.is_chief else None)[0]
     if opts.resume_from and meta is None:
@@ -234,6 +238,9 @@ def gather(backend: Backend, built: Built, hooks: StepHooks, opts: RunOptions,
     """Every rank's measurements on every rank (one collective, after the timed loop), and the global losses."""
     mine = {
         "host": res.hostname(),
+        "local_rank": backend.info.local_rank,
+        "local_size": backend.info.local_size,
+        "endpoint": netif.own_endpoint(opts.iface),  # the interface and address this rank's peers reach it at
         "device": backend.info.device,
         "clock_marks": hooks.clock_marks(),
         "warm": hooks.warm,
@@ -241,6 +248,7 @@ def gather(backend: Backend, built: Built, hooks: StepHooks, opts: RunOptions,
         "time_to_first_step": (hooks.first_step_done or time.time()) - opts.t_process_start,
         "final_digest": weights_digest(built.model),
         "trainable_digest": weights_digest(built.model, trainable_only=True),
+        "input": inputwait.rank_measure(hooks.input_clock),  # reads the device once: after the timed loop
     }
     # Every rank must take part in this collective, chief or not.
     everyone = backend.allgather(mine)
@@ -293,16 +301,24 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
         # Non-trainable state too (BatchNorm moving statistics: MWMS reads them as the mean over replicas, Horovod
         # ranks keep their own until backend.sync_model_state averages them after the last step).
         all_weights_consistent=len({r["final_digest"] for r in everyone}) == 1,
+        network=netif.network(opts.iface, everyone),
+        asynchronous=backend.uses_coordinator,  # parameter-server training: never in a parity claim
+        input=inputwait.summarise([r["input"] for r in everyone], stats["per_rank_timed_wall"]),
+        topology=netif.topology(everyone),
     )
 
 
-def publish(record: res.RunRecord, opts: RunOptions, resume: Resume) -> None:
-    """Print the headline, write the record atomically, and delete the checkpoint of the now complete run."""
+def publish(record: res.RunRecord, opts: RunOptions, resume: Resume, trace: observe.Trace | None = None) -> None:
+    """Print the headline and the summary lines, write the TensorBoard logs and the record (atomically), and delete
+    the checkpoint of the now complete run."""
+    record = observe.finish(record, opts.results_dir, trace)  # after the timed loop: from the record only
     st = record.step_time
     if opts.verbose:
         print(f"[twinbench] {record.images_per_sec:.1f} images/s over {st['timed_steps']} timed "
               f"steps (median step {st['median'] * 1e3:.1f} ms, p95 "
               f"{st['p95'] * 1e3:.1f} ms); final loss {record.step_losses[-1]:.5f}", flush=True)
+    # Results, not progress: printed under --quiet too, for the parsers that read Horovod's benchmark output.
+    print("\n".join(observe.summary_lines(record.to_dict())), flush=True)
     if opts.results_dir is None:
         return
     path = res.write_record(opts.results_dir, record)

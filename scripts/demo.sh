@@ -58,6 +58,17 @@ for b in "${BACKENDS[@]}"; do
   mapfile -t cmd < <($PY -m backends command "$b" 2 "${BENCH[@]}")
   run "allreduce-$b-2" "${cmd[@]}"
 done
+# Step-time breakdown: a DIAGNOSTIC run per backend x world size (the custom loop's step with its phases serialized
+# and timed on the device; its own kind of record, never in the benchmark figures), after the benchmark runs so it
+# cannot disturb them. Same job settings as the benchmark, so with MODE=ctl the report compares the two step times.
+DIAG=(--job "$JOB" --set mode=ctl --set steps="$STEPS" --set timing_warmup_steps=10 --diagnose breakdown
+      --results "$OUT")
+for n in 1 2; do
+  for b in "${BACKENDS[@]}"; do
+    mapfile -t cmd < <($PY -m backends command "$b" "$n" "${DIAG[@]}")
+    run "breakdown-$b-$n" "${cmd[@]}"
+  done
+done
 echo
 $PY -m common.report "$OUT" --out "$OUT/report"
-echo "plots and the full report (scaling model included): $OUT/report/"
+echo "plots and the full report (scaling model and step-time breakdown included): $OUT/report/"

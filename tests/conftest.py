@@ -67,6 +67,30 @@ def first_divergence(a: list[float], b: list[float], rtol: float) -> str | None:
     return None
 
 
+def same_losses(records: dict[str, dict[str, Any]], rtol: float = 1e-5) -> str | None:
+    """None when every named run trained the same job from the same weights to the same per-step losses (within
+    rtol) as the first one, else a message naming the first run and step that differ."""
+    (ref_name, ref), *others = records.items()
+    for name, r in others:
+        for key in ("job_hash", "initial_weights_digest"):
+            if r[key] != ref[key]:
+                return f"{name} vs {ref_name}: different {key} ({r[key]} vs {ref[key]})"
+        msg = first_divergence(ref["step_losses"], r["step_losses"], rtol)
+        if msg:
+            return f"{name} vs {ref_name}: {msg}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    """In-process code may export variables (``cli.prepare`` exports the --iface settings for the launchers'
+    libraries): each test starts from the environment the previous one started from, not from what it left."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def runner(tmp_path_factory: pytest.TempPathFactory):
     """Runs each distinct command once per session and returns its results record (runs are serial: 2 cores)."""

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from common.bench import bus_factor, parse_sizes
 from tests.conftest import BIN, PY, run
+
+# The regular expressions nccl-tests parsers use on all_reduce_perf's output: a table row (size, count, float sum,
+# root -1, out-of-place time, algbw, busbw, #wrong), and CSCS's ReFrame check (cscs-reframe-tests xccl_tests.py).
+NCCL_ROW_RE = re.compile(r"^\s+(\d+)\s+(\d+)\s+float\s+sum\s+-1\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)", re.M)
+AVG_BUSBW_RE = r"Avg bus bandwidth\s*:\s*(?P<gbs>\S+)"
+OUT_OF_BOUNDS_OK_RE = r"Out of bounds values\s*:\s*0\s*OK"
+HOROVODRUN_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:", re.M)  # horovodrun --gloo tags each rank's lines
 
 
 def test_parse_sizes():
@@ -28,9 +36,9 @@ def test_allreduce_bench_two_ranks(tmp_path, kind):
     body = ["-m", f"backends.{kind}", "--bench", "allreduce", "--sizes", "4K,64K,1M", "--iters", "5",
             "--warmup-iters", "1", "--results", str(tmp_path), "--quiet"]
     if kind == "native":
-        run([PY, *body, "--nproc", "2"])
+        proc = run([PY, *body, "--nproc", "2"])
     else:
-        run([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY, *body])
+        proc = run([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY, *body])
     files = list(tmp_path.glob("allreduce-*.json"))
     assert len(files) == 1
     rec = json.loads(files[0].read_text())
@@ -40,6 +48,17 @@ def test_allreduce_bench_two_ranks(tmp_path, kind):
         assert r["time_median"] > 0 and r["time_p95"] >= r["time_median"]
         assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_median"] / 1e9)
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (2 - 1) / 2)
+    # nccl-tests' table on stdout (printed under --quiet too: it is the result), read with nccl-tests' parsers
+    out = HOROVODRUN_PREFIX.sub("", proc.stdout)
+    table = NCCL_ROW_RE.findall(out)
+    assert [(int(b), int(c)) for b, c, *_ in table] == [(r["bytes"], r["bytes"] // 4) for r in rec["rows"]], out
+    for (_, _, us, algbw, busbw, wrong), r in zip(table, rec["rows"], strict=True):
+        assert float(us) == pytest.approx(r["time_median"] * 1e6, rel=0.01, abs=0.01)
+        assert float(algbw) == pytest.approx(r["algbw_GBps"], abs=0.006)
+        assert float(busbw) == pytest.approx(r["busbw_GBps"], abs=0.006) and int(wrong) == 0
+    avg = re.findall(AVG_BUSBW_RE, out)
+    assert len(avg) == 1 and float(avg[0]) == pytest.approx(sum(r["busbw_GBps"] for r in rec["rows"]) / 3, rel=1e-4)
+    assert re.search(OUT_OF_BOUNDS_OK_RE, out)
 
 
 @pytest.mark.distributed

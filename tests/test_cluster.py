@@ -1,33 +1,28 @@
 """The emulated multi-node cluster (tests/cluster/cluster.sh): nodes as network + UTS + mount namespaces on one
-machine, each with its own host name, address, slurmd and sshd, and both backends run across two of them.
+machine, each with its own host name, address, slurmd and sshd (twinbench across it: tests/test_cluster_runs.py).
 
 One 2-node cluster (2 CPUs and 2 fake GPUs per node) is started per module and stopped at its end; the tests that
-stop or break a cluster start their own. Root and Linux namespaces are needed (else skipped with the reason); the
-packages come with ``TWINBENCH_WITH_SLURM=1 make setup``, and their absence is a failure, not a skip.
+stop or break a cluster start their own (helpers in tests/cluster/emulated.py). Root and Linux namespaces are
+needed (else skipped with the reason); the packages come with ``TWINBENCH_WITH_SLURM=1 make setup``, and their
+absence is a failure, not a skip.
 """
 
 from __future__ import annotations
 
 import errno
-import os
 import re
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from horovod.runner.util.remote import get_ssh_command
 
-from tests.conftest import PY, REPO, SMOKE, base_env, first_divergence, only_result
+from tests.cluster.emulated import CLUSTER, IMMEDIATE, NODES, Emulated, cluster, sh, start
+from tests.conftest import PY, REPO, base_env
 
-CLUSTER = REPO / "tests" / "cluster" / "cluster.sh"
-RTOL = 1e-5
-NODES = ["node1", "node2"]
-IMMEDIATE = "--immediate=120"  # srun: fail instead of queueing forever
 TCP_PROBE_PORT = 5201  # inside the node namespaces: nothing else can be listening there
-distributed = pytest.mark.distributed
 
 # One TCP transfer between two nodes: the receiver prints the Mbit/s it saw from accept to EOF.
 RECEIVER = f"""
@@ -63,69 +58,9 @@ except OSError as e:
 """
 
 
-def _why_no_cluster() -> str | None:
-    if os.geteuid() != 0:
-        return "the emulated cluster needs root (network namespaces, routes, daemons as root)"
-    probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"Linux namespaces are not available here (unshare --net --uts --mount: {probe.stderr.strip()})"
-    return None
-
-
-def _sh(*args: str, timeout: int = 120, check: bool = True,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["bash", str(CLUSTER), *args], cwd=REPO, env=env or base_env(), capture_output=True,
-                          text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"cluster.sh {' '.join(args)} exited {proc.returncode}\n--- stdout\n"
-                             f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}")
-    return proc
-
-
-class Emulated:
-    def __init__(self, directory: Path, started_in: float) -> None:
-        self.dir = directory
-        self.started_in = started_in
-        self.settings = dict(re.findall(r"^(\w+)=(\S+)$", (directory / "cluster.env").read_text(), re.M))
-        self.cache: dict[str, Any] = {}
-
-    def sh(self, verb: str, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return _sh(verb, str(self.dir), *args, **kw)
-
-    def run(self, member: str, *cmd: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return self.sh("run", member, *cmd, **kw)
-
-    def addr(self, member: str) -> str:
-        base = self.settings["NETBASE"]
-        return f"{base}.1" if member == "login" else f"{base}.{10 + int(member[4:])}"
-
-    def once(self, key: str, make: Any) -> Any:
-        if key not in self.cache:
-            self.cache[key] = make()
-        return self.cache[key]
-
-
-def _start(directory: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = env or base_env()
-    env["TWINBENCH_CLUSTER_INSTALL"] = "0"  # a test never installs packages; a missing one is a failure
-    return _sh("start", *extra, str(directory), env=env, check=False)
-
-
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory):
-    why = _why_no_cluster()
-    if why:
-        pytest.skip(why)
-    directory = tmp_path_factory.mktemp("cluster")
-    t0 = time.monotonic()
-    proc = _start(directory, "--nodes", "2")
-    if proc.returncode != 0:
-        _sh("stop", str(directory), check=False)
-        pytest.fail(f"cluster.sh start failed ({proc.returncode}):\n{proc.stderr[-5000:]}")
-    try:
-        yield Emulated(directory, time.monotonic() - t0)
-    finally:
-        _sh("stop", str(directory), check=False)
+    yield from cluster(tmp_path_factory.mktemp("cluster"), "--nodes", "2")
 
 
 def _recorded(directory: Path) -> list[str]:
@@ -259,7 +194,7 @@ def test_cut_and_heal(emu):
 # -- start and stop ---------------------------------------------------------------------------------------------------
 def test_stop_leaves_nothing_and_is_idempotent(emu, tmp_path):
     """A second cluster beside the first (its own subnet), stopped while a job step runs: nothing remains."""
-    proc = _start(tmp_path / "c", "--nodes", "1")
+    proc = start(tmp_path / "c", "--nodes", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     other = Emulated(tmp_path / "c", 0)
     netbase, prefix = other.settings["NETBASE"], other.settings["PREFIX"]
@@ -275,7 +210,7 @@ def test_stop_leaves_nothing_and_is_idempotent(emu, tmp_path):
             time.sleep(0.1)
         else:
             raise AssertionError("the job step did not start")
-        _sh("stop", str(other.dir), timeout=120)
+        sh("stop", str(other.dir), timeout=120)
         step.wait(timeout=30)
     finally:
         if step.poll() is None:
@@ -283,7 +218,7 @@ def test_stop_leaves_nothing_and_is_idempotent(emu, tmp_path):
     alive = [f"{name} ({pid})" for name, pid in pids.items() if Path(f"/proc/{pid}").exists()]
     assert alive == [], f"recorded processes still running after stop: {alive}"
     assert _leftovers(other.dir, netbase, prefix) == []
-    again = _sh("stop", str(other.dir))
+    again = sh("stop", str(other.dir))
     assert "nothing running" in again.stderr
     # The first cluster did not notice.
     assert emu.run("node1", "ssh", "node2", "hostname", timeout=30).stdout.strip() == "node2"
@@ -291,7 +226,7 @@ def test_stop_leaves_nothing_and_is_idempotent(emu, tmp_path):
 
 def test_refuses_a_subnet_in_use(emu, tmp_path):
     net = emu.settings["NETBASE"].rsplit(".", 1)[1]
-    proc = _start(tmp_path / "c", "--net", net)
+    proc = start(tmp_path / "c", "--net", net)
     assert proc.returncode != 0 and "in use" in proc.stderr, proc.stderr
     assert _recorded(tmp_path / "c") == []   # nothing made, nothing to undo
     # The running cluster keeps its route and namespaces, and works.
@@ -307,57 +242,8 @@ def test_failed_start_cleans_up(emu, tmp_path):
     (fake / "slurmd").chmod(0o755)
     env = base_env()
     env["PATH"] = f"{fake}:{env['PATH']}"
-    proc = _start(tmp_path / "c", env=env)
+    proc = start(tmp_path / "c", env=env)
     assert proc.returncode != 0 and "slurmd on node1 did not start" in proc.stderr, proc.stderr[-3000:]
     settings = dict(re.findall(r"^(\w+)=(\S+)$", (tmp_path / "c" / "cluster.env").read_text(), re.M))
     assert _leftovers(tmp_path / "c", settings["NETBASE"], settings["PREFIX"]) == []
-    assert "nothing running" in _sh("stop", str(tmp_path / "c")).stderr
-
-
-# -- twinbench across nodes -------------------------------------------------------------------------------------------
-def _across_nodes(emu: Emulated, tmp_path_factory, kind: str, *srun_extra: str) -> dict[str, Any]:
-    """Backend `kind` at 4 ranks, 2 per node (srun -N2 -n4), once per module; its results record."""
-    def make():
-        out = tmp_path_factory.mktemp(f"cluster_{kind}")
-        extra = ["--port-base", "12600"] if kind == "native" else []
-        emu.run("login", "srun", IMMEDIATE, "--kill-on-bad-exit=1", *srun_extra, "-N2", "-n4",
-                PY, "-m", f"backends.{kind}", "--job", SMOKE, "--results", str(out), "--quiet", *extra, timeout=300)
-        return only_result(out)
-    return emu.once(kind, make)
-
-
-@pytest.fixture(scope="module")
-def native4(emu, tmp_path_factory):
-    return _across_nodes(emu, tmp_path_factory, "native")
-
-
-@pytest.fixture(scope="module")
-def horovod4(emu, tmp_path_factory):
-    return _across_nodes(emu, tmp_path_factory, "horovod", "--mpi=pmix")
-
-
-@distributed
-def test_native_across_two_nodes(native4):
-    r = native4
-    assert r["world_size"] == 4 and r["num_workers"] == 4
-    info = r["backend_info"]
-    assert info["cluster_source"].startswith("slurm"), info["cluster_source"]
-    assert info["cluster"]["workers"] == ["node1:12600", "node1:12601", "node2:12600", "node2:12601"]
-    assert r["hosts"] == ["node1", "node1", "node2", "node2"]
-    assert r["weights_consistent"] and r["step_losses"][-1] < r["step_losses"][0]
-
-
-@distributed
-def test_horovod_pmix_across_two_nodes(horovod4):
-    r = horovod4
-    assert r["world_size"] == 4 and r["backend_info"]["controller"] == "mpi"
-    assert r["hosts"] == ["node1", "node1", "node2", "node2"]
-    assert r["weights_consistent"]
-
-
-@distributed
-def test_native_and_horovod_same_losses_across_nodes(native4, horovod4):
-    assert native4["job_hash"] == horovod4["job_hash"]
-    assert native4["initial_weights_digest"] == horovod4["initial_weights_digest"]
-    msg = first_divergence(native4["step_losses"], horovod4["step_losses"], RTOL)
-    assert msg is None, f"native (srun) vs horovod (srun --mpi=pmix) on 2 nodes x 2: {msg}"
+    assert "nothing running" in sh("stop", str(tmp_path / "c")).stderr

@@ -190,5 +190,8 @@ def test_killed_rank_under_launcher_ends_everything(tmp_path, kind, mode):
 def test_no_results_file_without_a_finished_run(tmp_path):
     """Atomic writes: the results dir holds only complete JSONs (hidden temp files are never left behind)."""
     run(_cmd("native", tmp_path, "--set", "steps=4"))
-    names = [p.name for p in tmp_path.iterdir()]
-    assert len(names) == 1 and names[0].endswith(".json") and not names[0].startswith(".")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    # one complete JSON, beside the run's TensorBoard scalars (written after the record)
+    assert len(names) == 2 and names[0].endswith(".json") and names[1] == "tensorboard", names
+    hidden = [p for p in tmp_path.rglob(".*")]
+    assert not hidden, hidden

@@ -80,7 +80,7 @@ RECORD_KEYS = [
     "time_to_first_step",
     "resumed_from_step", "versions", "hosts", "devices", "command", "started_at", "finished_at", "run_id",
     "trainable_params", "gradient_bytes", "initial_weights_digest", "weights_digest", "trainable_weights_digest",
-    "weights_consistent", "all_weights_consistent",
+    "weights_consistent", "all_weights_consistent", "asynchronous", "input", "network", "topology", "artifacts",
 ]
 
 
@@ -130,3 +130,27 @@ def test_run_record_optional_fields_default_and_required_ones_are_checked():
     assert res.RunRecord.from_dict({**minimal, "images_per_sec": 100}).images_per_sec == 100  # an int is a number
     with pytest.raises(res.RecordError, match="top level is a JSON list"):
         res.RunRecord.from_dict([])
+
+
+def test_input_record_names_what_it_measured_and_decides_kept_up():
+    """RunRecord.input from every rank's input wait: the slowest rank's share of its own timed wall time decides."""
+    from common import inputwait as iw
+
+    fetch = [{"method": "fetch", "seconds": 0.01}, {"method": "fetch", "seconds": 0.3}]
+    rec = iw.summarise(fetch, [1.0, 2.0])
+    assert rec["method"] == "fetch" and rec["measures"] == "time waiting for the next batch"
+    assert rec["wait_seconds_per_rank"] == [0.01, 0.3] and rec["wait_fraction"] == pytest.approx(0.15)
+    assert (rec["kept_up"], rec["input_bound"], rec["threshold"]) == (False, "moderately", iw.KEPT_UP_FRACTION)
+    assert iw.summarise(fetch, [1.0, 10.0])["kept_up"] is True  # 3% and 1%
+    assert iw.summarise(fetch, [1.0, 1.0])["input_bound"] == "highly"  # 30%
+    # gap: an upper bound of the input wait; a large one cannot tell input from the host's work between steps
+    gap = [{"method": "gap", "seconds": 0.5}]
+    assert iw.summarise(gap, [1.0])["kept_up"] is None and iw.summarise(gap, [1.0])["input_bound"] is None
+    assert iw.summarise(gap, [1.0])["measures"] == "input + between steps"
+    assert iw.summarise([{"method": "gap", "seconds": 0.01}], [1.0])["kept_up"] is True
+    # not measured: the loop's reason, never a verdict
+    ps = iw.summarise([iw.rank_measure(iw.NotMeasured("asynchronous workers"))], [1.0])
+    assert ps == {"method": None, "measures": None, "kept_up": None, "reason": "asynchronous workers"}
+    assert iw.summarise([iw.rank_measure(None)], [1.0])["reason"] == "this training loop does not measure it"
+    assert iw.summarise(fetch, [0.0, 1.0])["kept_up"] is None  # no timed wall time to compare with
+    assert json.loads(json.dumps(rec)) == rec

@@ -16,6 +16,7 @@ from backends import native_cluster
 from common import localcluster
 from common.errors import UsageError
 from common.ps_loop import sync_points
+from common.report.summary import row_label
 from tests.conftest import PY, REPO, SMOKE, base_env, only_result, run
 
 PS_TF_CONFIG = ('{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, '
@@ -174,6 +175,79 @@ def test_report_labels_asynchronous_runs_and_keeps_them_out_of_the_ratio():
     assert f"| {label} | 2 | 2 |" in report.format_section(s)
 
 
+def test_report_never_merges_strategies_and_reads_the_asynchronous_field(tmp_path):
+    """Native runs of different strategies at the same world size: one row each, labelled by the --strategy name;
+    only the default (mwms) row pairs with horovod. ``asynchronous`` is read from the record's own field, and an
+    older file that said so only in backend_info is still labelled asynchronous."""
+    from common import report
+    from tests.test_report import make_run, put
+
+    classes = {"mirrored": "MirroredStrategy", "central_storage": "CentralStorageStrategy",
+               "one_device": "OneDeviceStrategy"}
+    # what --strategy mwms records (the class behind tf.distribute.MultiWorkerMirroredStrategy), in two repeats
+    runs = [make_run("native", 2, 100.0, backend_info={"strategy": "CollectiveAllReduceStrategy"}, run_id="m1"),
+            make_run("native", 2, 100.0, backend_info={"strategy": "MultiWorkerMirroredStrategy"}, run_id="m2"),
+            make_run("horovod", 2, 120.0)]
+    runs += [make_run("native", 2, 90.0 + i, backend_info={"strategy": c}, run_id=f"r{i}")
+             for i, c in enumerate(classes.values())]
+    # new field only (backend_info without the key): still asynchronous
+    runs.append(make_run("native", 2, 50.0, backend_info={"strategy": "parameter_server"}, asynchronous=True,
+                         run_id="ps"))
+    [s] = report.summarize(runs)
+    labels = {r.backend: r for r in s.rows}
+    assert set(labels) == {"native", "horovod", "native (parameter_server, asynchronous)",
+                           *(f"native ({k})" for k in classes)}
+    assert labels["native"].repeats == 2 and all(r.repeats == 1 for r in s.rows if r.backend != "native")
+    assert labels["native"].ips_median == 100.0 and labels["native"].ratio == pytest.approx(1.2)
+    assert all(labels[f"native ({k})"].ratio is None for k in classes)
+    assert any(n.startswith("native (mirrored)") and "rows of their own" in n for n in s.notes)
+    md = report.format_section(s)
+    assert "| native (central_storage) | 2 | 2 |" in md and "| native (one_device) | 2 | 2 |" in md
+    # an older file: asynchronous only in backend_info, read through load_runs
+    old = make_run("native", 2, 60.0, backend_info={"strategy": "parameter_server", "asynchronous": True})
+    put(tmp_path, old)
+    [loaded] = report.load_runs(tmp_path)
+    assert loaded["asynchronous"] is True
+    assert report.summarize([loaded])[0].rows[0].backend == "native (parameter_server, asynchronous)"
+    # a synchronous run is never labelled asynchronous, whatever its strategy
+    assert report.summarize([make_run("native", 1, 9.0, asynchronous=False)])[0].rows[0].backend == "native"
+
+
+def test_checkpoint_dir_names_a_strategy_other_than_the_default(tmp_path):
+    from backends import native
+    from common import reliability as rel
+
+    plain = rel.ckpt_dir(tmp_path, "native", 2, "0123456789abcdef")
+    # the default strategy names no variant: checkpoints written before variants existed still resume
+    default = native.NativeBackend(native.Options()).variant
+    assert default is None and rel.ckpt_dir(tmp_path, "native", 2, "0123456789abcdef", default) == plain
+    assert native.NativeBackend(native.Options(strategy="mirrored")).variant == "mirrored"
+    dirs = {rel.ckpt_dir(tmp_path, "native", 2, "0123456789abcdef", s) for s in
+            ("mirrored", "central_storage", "one_device", "parameter_server")}
+    assert len(dirs) == 4 and plain not in dirs
+    assert rel.ckpt_dir(tmp_path, "native", 2, "0123456789abcdef", "mirrored").name.endswith("-mirrored")
+
+
+def test_a_run_of_another_strategy_never_resumes_its_checkpoint(tmp_path):
+    """one_device preempted at step 2 leaves its checkpoint; the default strategy's run of the same job and world
+    size in the same results dir starts from step 0 (and leaves that checkpoint alone); one_device then resumes."""
+    base = [PY, "-m", "backends.native", "--job", SMOKE, "--set", "mode=ctl", "--results", str(tmp_path), "--quiet"]
+    first = run([*base, "--strategy", "one_device", "--preempt-check-steps", "1", "--signal-at-step", "2"],
+                check=False)
+    assert first.returncode == 75, first.stderr[-3000:]
+    [ckpt] = (tmp_path / "checkpoints").iterdir()
+    assert ckpt.name.endswith("-one_device")
+    run(base)
+    default = only_result(tmp_path)
+    assert default["resumed_from_step"] == 0 and ckpt.exists()
+    for f in tmp_path.glob("*.json"):
+        f.unlink()
+    run([*base, "--strategy", "one_device"])
+    resumed = only_result(tmp_path)
+    assert resumed["resumed_from_step"] > 0 and len(resumed["step_losses"]) == resumed["steps"]
+    assert not ckpt.exists()  # deleted once its run completed
+
+
 # -- central_storage: one process, variables on the CPU, compute on every local device -------------------------
 @pytest.mark.parametrize("mode", ["fit", "ctl"])
 def test_central_storage_computes_what_mirrored_computes(runner, mode):
@@ -188,6 +262,7 @@ def test_central_storage_computes_what_mirrored_computes(runner, mode):
     assert cs["step_losses"] == mir["step_losses"]
     assert cs["weights_digest"] == mir["weights_digest"]
     assert cs["step_losses"][-1] < cs["step_losses"][0]  # it trained: equal frozen losses would prove nothing
+    assert (row_label(cs), row_label(mir)) == ("native (central_storage)", "native (mirrored)")
 
 
 # -- parameter_server: chief + workers + ps on loopback --------------------------------------------------------
@@ -253,6 +328,9 @@ def test_parameter_server_with_one_worker_is_the_synchronous_run(ps_run, runner,
     assert rec["backend_info"]["num_workers"] == 1 and rec["world_size"] == sync["world_size"] == 1
     assert rec["step_losses"] == sync["step_losses"]
     assert rec["weights_digest"] == sync["weights_digest"]
+    assert (row_label(sync), row_label(rec)) == ("native", "native (parameter_server, asynchronous)")
+    assert rec["asynchronous"] is True and sync["asynchronous"] is False
+    assert rec["input"]["method"] is None and "parameter-server" in rec["input"]["reason"]
 
 
 @pytest.mark.distributed

@@ -3,21 +3,24 @@ PNGs atomically (common.results.write_atomic: temp file + fsync + rename)."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import backends
 from common.report.base import MixedVersionsError, ReportError, warn
-from common.report.load import load_allreduce, load_runs, result_files
+from common.report.load import load_allreduce, load_breakdowns, load_runs, result_files
 from common.report.model import format_allreduce, format_model
-from common.report.plots import plot_allreduce, plot_job
-from common.report.render import format_csv, format_markdown
+from common.report.plots import plot_allreduce, plot_breakdown, plot_job
+from common.report.render import fmt_num, format_csv, format_markdown, md_table
 from common.report.selection import select_jobs
-from common.report.summary import JobSummary, summarize
+from common.report.stats import median, num
+from common.report.summary import JobSummary, order_backends, summarize
 from common.report.versions import mix_message
-from common.results import write_atomic
+from common.results import BREAKDOWN_PHASES, BreakdownRecord, write_atomic
 
 
 @dataclass
@@ -91,7 +94,8 @@ def build_report(results_dir: str | os.PathLike[str], out_dir: str | os.PathLike
     """load_runs -> summarize -> select_jobs -> check_versions -> write report.md, report.csv and the PNGs."""
     root = Path(results_dir)
     runs = load_runs(root, warn=warn)
-    if not runs:
+    breakdowns = load_breakdowns(root, warn=warn)
+    if not runs and not breakdowns:
         n = len(result_files(root))
         why = f"none of its {n} results JSON file(s) is usable (see warnings)" if n else "no results JSON files"
         raise ReportError(f"no results in {str(root)!r}: {why}")
@@ -101,7 +105,11 @@ def build_report(results_dir: str | os.PathLike[str], out_dir: str | os.PathLike
     paths: list[Path] = []
     plots = _can_plot(plots, warn)
     images = _write_job_plots(summaries, out, paths) if plots else {}
-    extra = _allreduce_part(load_allreduce(root, warn=warn), summaries, out, plots, paths)
+    benches = load_allreduce(root, warn=warn)
+    extra = _allreduce_part(benches, summaries, out, plots, paths)
+    if job_hash is not None or compare is not None or job is not None:  # a selection: its jobs' breakdowns only
+        breakdowns = [b for b in breakdowns if b.job_hash in {s.job_hash for s in summaries}]
+    extra += _breakdown_part(breakdowns, runs, benches, out, plots, paths)
     md = format_markdown(summaries, results_dir=root, images=images) + extra
     paths.insert(0, write_atomic(out / "report.md", md))
     paths.insert(1, write_atomic(out / "report.csv", format_csv(summaries)))
@@ -116,3 +124,126 @@ def write_report(results_dir: str | os.PathLike[str], out_dir: str | os.PathLike
     RESULTS_DIR/report); returns the paths written. Raises ReportError on bad input or a refused comparison."""
     return build_report(results_dir, out_dir, job_hash=job_hash, compare=compare, job=job, plots=plots,
                         allow_mixed_versions=allow_mixed_versions).paths
+
+
+# -- the --diagnose breakdown section (common.breakdown writes the records) -------------------------------------
+PHASE_WORDS = {"input": "input", "compute": "compute (forward + backward)", "comm": "gradient communication",
+               "apply": "the optimizer update", "rest": "the rest (between steps)"}
+BREAKDOWN_METHOD = (
+    "DIAGNOSTIC runs (`--diagnose breakdown`), not benchmark figures: the custom loop's step, with its phases "
+    "serialized inside one tf.function and a device timestamp at each boundary, so the bars show where the time "
+    "goes WITHOUT overlap (Horovod normally overlaps the all-reduce with the backward pass). input = next batch; "
+    "compute = forward + backward (local gradients); comm = SUM all-reduce of the gradients, including waiting for "
+    "the slowest rank (of which waiting: comm minus the least comm of any rank at that step); apply = optimizer "
+    "update; rest = between the end of one step's device work and the start of the next (dispatch, host loop, "
+    "syncs). Means over the timed steps and over ranks; the parts sum to the device step time, checked against "
+    "the host's wall clock (sum / host) and compared with the normal benchmark run of the same job, backend and "
+    "world size (diagnostic / benchmark: the cost of the phase barriers and of losing overlap)"
+)
+
+
+@dataclass(frozen=True)
+class BreakdownCell:
+    """The newest breakdown of one backend x world size, with what it is cross-checked against."""
+
+    rec: BreakdownRecord
+    bench_step: float | None  # median over repeats of the normal runs' step_time.mean (same job, backend, size)
+    bench_repeats: int
+    allreduce: float | None  # the allreduce microbenchmark's median time at the record's gradient bytes
+
+
+def allreduce_time_at(rows: Sequence[Mapping[str, Any]], nbytes: float) -> float | None:
+    """The microbenchmark's median time at ``nbytes``: log-log interpolation between the measured sizes around it,
+    or None outside them (no extrapolation)."""
+    pts = sorted((float(r["bytes"]), t) for r in rows if (t := num(r.get("time_median"))) and num(r.get("bytes")))
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+        if b0 <= nbytes <= b1 and b0 > 0 and t0 > 0 and t1 > 0:
+            f = 0.0 if b1 == b0 else (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    return next((t for b, t in pts if b == nbytes), None)
+
+
+def breakdown_cells(records: Sequence[BreakdownRecord], runs: Sequence[Mapping[str, Any]],
+                    benches: Sequence[Mapping[str, Any]]) -> dict[str, list[BreakdownCell]]:
+    """Job hash -> the newest breakdown per backend x world size (world size, then registry order)."""
+    newest: dict[tuple[str, str, int], BreakdownRecord] = {}
+    for r in records:  # oldest first: the newest wins
+        newest[(r.job_hash, r.backend, r.world_size)] = r
+    out: dict[str, list[BreakdownCell]] = {}
+    for (h, backend, n), rec in newest.items():
+        steps = [num((r.get("step_time") or {}).get("mean")) for r in runs
+                 if r["job_hash"] == h and r["backend"] == backend and r["world_size"] == n
+                 and not (r.get("backend_info") or {}).get("asynchronous")]
+        bench = next((b for b in reversed(benches) if b["backend"] == backend and b["world_size"] == n), None)
+        at = allreduce_time_at(bench["rows"], rec.gradient_bytes) if bench and rec.gradient_bytes else None
+        out.setdefault(h, []).append(BreakdownCell(rec, median(steps), len(steps), at))
+    for cells in out.values():
+        order = order_backends(c.rec.backend for c in cells)
+        cells.sort(key=lambda c: (c.rec.world_size, order.index(c.rec.backend)))
+    return out
+
+
+def difference_sentence(a: BreakdownRecord, b: BreakdownRecord) -> str:
+    """The largest per-phase difference between two backends' breakdowns at one world size, in one sentence."""
+    diff = {p: a.phases[p] - b.phases[p] for p in BREAKDOWN_PHASES}
+    big = max(BREAKDOWN_PHASES, key=lambda p: abs(diff[p]))
+    d = diff[big]
+    text = (f"at {a.world_size} replica{'s' if a.world_size != 1 else ''} {a.backend} spends {abs(d) * 1e3:.2f} ms "
+            f"{'less' if d < 0 else 'more'} per step in {PHASE_WORDS[big]} than {b.backend} "
+            f"({a.phases[big] * 1e3:.2f} vs {b.phases[big] * 1e3:.2f} ms)")
+    others = [p for p in BREAKDOWN_PHASES if p != big]
+    nxt = max(others, key=lambda p: abs(diff[p]))
+    same = [PHASE_WORDS[p].split(" (")[0] for p in others
+            if abs(diff[p]) <= max(0.05 * max(a.phases[p], b.phases[p]), 1e-5)]  # within 5% (or 10 us)
+    tail = f"; {', '.join(same)} {'is' if len(same) == 1 else 'are'} the same (within 5%)" if same else ""
+    return (f"{text}; next largest: {PHASE_WORDS[nxt].split(' (')[0]} ({diff[nxt] * 1e3:+.2f} ms){tail}; step "
+            f"{a.step_time * 1e3:.2f} vs {b.step_time * 1e3:.2f} ms.")
+
+
+def format_breakdown(cells: Sequence[BreakdownCell], image: str | None = None) -> str:
+    """The Markdown section of one job's breakdowns: method, table, one sentence per world size, the plot."""
+    rec0 = cells[0].rec
+    lines = [f"## Step-time breakdown — {rec0.job.get('name', '?')} (`{rec0.job_hash}`), DIAGNOSTIC", "",
+             BREAKDOWN_METHOD + ".", ""]
+    f = fmt_num
+    body = []
+    for c in cells:
+        r, ph = c.rec, c.rec.phases
+        body.append([r.backend, str(r.world_size), *(f(ph[p], ".3f", 1e3) for p in ("input", "compute", "comm")),
+                     f(r.wait, ".3f", 1e3), f(ph["apply"], ".3f", 1e3), f(ph["rest"], ".3f", 1e3),
+                     f(r.step_time, ".3f", 1e3), f(r.host_step_time, ".3f", 1e3),
+                     f(r.step_time / r.host_step_time, ".1f", 100, "%"),
+                     f(c.bench_step, ".3f", 1e3) + (f" (n={c.bench_repeats})" if c.bench_repeats else ""),
+                     f(r.step_time / c.bench_step if c.bench_step else None, ".2f"),
+                     f(ph["comm"] / c.allreduce if c.allreduce else None, ".2f")])
+    lines += [md_table(("backend", "replicas", "input (ms)", "compute (ms)", "comm (ms)", "of which waiting (ms)",
+                        "apply (ms)", "rest (ms)", "sum (ms)", "host clock (ms)", "sum / host",
+                        "benchmark step (ms)", "diagnostic / benchmark", "comm / allreduce bench"), body), ""]
+    lines += ["comm / allreduce bench: comm against the allreduce microbenchmark's median time for one tensor of the "
+              "gradient bytes (log-log interpolated between its sizes; n/a outside them or without a benchmark at "
+              "that world size); a step's gradients are several tensors, the benchmark's one.", ""]
+    num_b, den_b = backends.RATIO
+    by_n: dict[int, dict[str, BreakdownRecord]] = {}
+    for c in cells:
+        by_n.setdefault(c.rec.world_size, {})[c.rec.backend] = c.rec
+    sentences = [difference_sentence(v[num_b], v[den_b]) for _, v in sorted(by_n.items())
+                 if num_b in v and den_b in v]
+    lines += [f"- {s[0].upper()}{s[1:]}" for s in sentences] + ([""] if sentences else [])
+    if image:
+        lines += [f"![breakdown]({image})", ""]
+    return "\n".join(lines)
+
+
+def _breakdown_part(records: Sequence[BreakdownRecord], runs: Sequence[Mapping[str, Any]],
+                    benches: Sequence[Mapping[str, Any]], out: Path, plots: bool, paths: list[Path]) -> str:
+    """The Markdown of every job's breakdown section (and its stacked-bar PNG)."""
+    text = ""
+    for h, cells in breakdown_cells(records, runs, benches).items():
+        image = None
+        if plots:
+            bars = [(f"{c.rec.backend}\n{c.rec.world_size} repl.", c.rec.phases, c.bench_step) for c in cells]
+            image = f"breakdown_{h}.png"
+            paths.append(write_atomic(out / image, plot_breakdown(f"{cells[0].rec.job.get('name', '?')} ({h})",
+                                                                  bars)))
+        text += "\n" + format_breakdown(cells, image) + "\n"
+    return text

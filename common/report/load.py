@@ -13,9 +13,9 @@ from typing import Any
 
 from common.report.base import ReportError, warn
 from common.report.stats import num
-from common.results import SCHEMA, RecordError, RunRecord
+from common.results import SCHEMA, BreakdownRecord, RecordError, RunRecord
 
-OTHER_KINDS = ("sweep", "allreduce")  # JSONs that live in results dirs but are not training runs
+OTHER_KINDS = ("sweep", "allreduce", "breakdown")  # JSONs that live in results dirs but are not training runs
 _HASH_RE = re.compile(r"[0-9a-f]{16}")
 
 
@@ -74,6 +74,14 @@ def check_run(d: Any) -> str | None:
     return None
 
 
+def upgrade_run(d: dict[str, Any]) -> None:
+    """Fill in, in place, what an older results file says in another way: ``asynchronous`` (before it was a field
+    of its own, only ``backend_info.asynchronous`` recorded parameter-server runs)."""
+    if not isinstance(d.get("asynchronous"), bool):
+        info = d.get("backend_info")
+        d["asynchronous"] = isinstance(info, Mapping) and info.get("asynchronous") is True
+
+
 def _read_json(path: Path, warn: Callable[[str], None]) -> tuple[bool, Any]:
     """(True, parsed JSON), or (False, None) after a one-line warning naming the file."""
     try:
@@ -104,7 +112,7 @@ def load_runs(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None
         if not ok:
             continue
         if isinstance(data, dict) and data.get("kind") in OTHER_KINDS:
-            continue  # not a training run: sweep manifests, allreduce benchmarks (reported separately)
+            continue  # not a training run: sweep manifests, allreduce benchmarks, breakdowns (reported separately)
         problem = check_run(data)
         if problem:
             warn(f"skipping {path}: {problem}")
@@ -119,6 +127,7 @@ def load_runs(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None
         if expected != data["job_hash"]:
             warn(f"{path}: job_hash {data['job_hash']} does not match its job fields (they hash to {expected}); "
                  "grouped by the recorded job_hash")
+        upgrade_run(data)
         data["_path"] = str(path)
         runs.append(data)
     return runs
@@ -140,3 +149,27 @@ def load_allreduce(results_dir: str | os.PathLike[str], *, warn: Callable[[str],
         d["_path"] = str(path)
         out.append(d)
     return sorted(out, key=lambda d: (d["backend"], d["world_size"], str(d.get("finished_at", ""))))
+
+
+def load_breakdowns(results_dir: str | os.PathLike[str], *,
+                    warn: Callable[[str], None] = warn) -> list[BreakdownRecord]:
+    """The ``kind: breakdown`` JSONs (``--diagnose breakdown``, common.breakdown) under ``results_dir``, oldest
+    first; an unreadable one is skipped with a warning naming the file."""
+    out = []
+    for path in result_files(results_dir):
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # load_runs already warned about unreadable files
+        if not isinstance(d, dict) or d.get("kind") != "breakdown":
+            continue
+        try:
+            rec = BreakdownRecord.from_dict(d)
+        except RecordError as e:
+            warn(f"skipping {path}: {e}")
+            continue
+        if rec.schema != SCHEMA:
+            warn(f"skipping {path}: schema {rec.schema} is not supported (this report reads schema {SCHEMA})")
+            continue
+        out.append(rec)
+    return sorted(out, key=lambda r: str(r.finished_at or ""))

@@ -117,3 +117,37 @@ def plot_allreduce(benches: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return {"allreduce_busbw.png": _png_bytes(fig)}
+
+
+PHASE_COLORS = {"input": "tab:green", "compute": "tab:blue", "comm": "tab:red", "apply": "tab:purple",
+                "rest": "tab:gray"}  # one colour per phase, whatever the backend
+
+
+def plot_breakdown(title: str, bars: Sequence[tuple[str, Mapping[str, float], float | None]]) -> bytes:
+    """PNG bytes of a stacked bar per (label, phases in seconds, benchmark step in seconds or None): the phases
+    in step order, bottom to top, in ms; the normal benchmark's mean step as a dashed tick where one exists."""
+    from common.results import BREAKDOWN_PHASES
+
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    xs = list(range(len(bars)))
+    bottoms = [0.0] * len(bars)
+    for p in BREAKDOWN_PHASES:
+        heights = [1e3 * phases[p] for _, phases, _ in bars]
+        ax.bar(xs, heights, bottom=bottoms, width=0.6, color=PHASE_COLORS.get(p, "black"), label=p)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ticked = False
+    for x, (_, _, bench) in zip(xs, bars):
+        if bench is not None:
+            ax.hlines(1e3 * bench, x - 0.38, x + 0.38, colors="black", linestyles="--",
+                      label=None if ticked else "benchmark step (normal run, mean)")
+            ticked = True
+    ax.set_xticks(xs)
+    ax.set_xticklabels([label for label, _, _ in bars], fontsize=8)
+    top = max(bottoms + [1e3 * b for _, _, b in bars if b is not None] + [1e-3])
+    ax.set_ylim(0, top * 1.35)  # head room for the legend above the bars
+    ax.set_ylabel("ms per step (mean over timed steps and ranks)")
+    ax.set_title(f"step breakdown, DIAGNOSTIC (phases serialized) — {title}", fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncol=3, loc="upper center")
+    return _png_bytes(fig)

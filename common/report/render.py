@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.report.base import NA, NO_INTERVAL, fmt_value
-from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, Row, order_backends, row_label
+from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, Row, input_text, order_backends, row_label
 from common.report.versions import versions_by_key
 
 INTERVAL_METHOD = (
@@ -31,13 +31,15 @@ DEFINITIONS = (
 KEY_JOB_FIELDS = ("model", "dataset", "per_replica_batch_size", "steps", "epochs", "optimizer", "learning_rate",
                   "lr_scaling", "mode", "mixed_precision", "xla", "seed")  # shown in each job's header
 TABLE_HEADER = ("backend", "replicas", "workers", "repeats", "img/s median", "img/s mean", "95% CI of mean",
-                "speedup", "efficiency", "step p50 (ms)", "step p95 (ms)", "first step (s)", "final loss")
+                "speedup", "efficiency", "step p50 (ms)", "step p95 (ms)", "first step (s)", "final loss",
+                "input wait")
 CSV_COLUMNS = (
     "job_hash", "job_name", "backend", "world_size", "num_workers", "repeats", "global_batch_size",
     "images_per_sec_median", "images_per_sec_mean", "images_per_sec_stdev", "images_per_sec_ci95_low",
     "images_per_sec_ci95_high", "images_per_sec_min", "images_per_sec_max", "speedup", "efficiency",
     f"{RATIO_NUM}_{RATIO_DEN}_ratio", "step_time_p50_s", "step_time_p95_s", "step_time_mean_s",
-    "time_to_first_step_s", "timed_wall_time_s", "final_loss",
+    "time_to_first_step_s", "timed_wall_time_s", "final_loss", "input_method", "input_wait_fraction",
+    "input_verdict",
 )
 
 
@@ -84,7 +86,7 @@ def format_table(summary: JobSummary) -> str:
     body = [[r.backend, str(r.world_size), str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f"),
              f(r.ips_mean, ".1f"), _ci_text(r), f(r.speedup, ".2f", suffix="x"),
              f(r.efficiency, ".1f", 100, "%"), f(r.step_p50, ".2f", 1e3), f(r.step_p95, ".2f", 1e3),
-             f(r.time_to_first_step, ".2f"), f(r.final_loss, ".4f")] for r in summary.rows]
+             f(r.time_to_first_step, ".2f"), f(r.final_loss, ".4f"), input_text(r)] for r in summary.rows]
     return md_table(TABLE_HEADER, body)
 
 
@@ -213,5 +215,5 @@ def format_csv(summaries: Sequence[JobSummary]) -> str:
                         c(r.global_batch_size), c(r.ips_median), c(r.ips_mean), c(r.ips_stdev), c(lo), c(hi),
                         c(min(r.ips)), c(max(r.ips)), c(r.speedup), c(r.efficiency), c(r.ratio), c(r.step_p50),
                         c(r.step_p95), c(r.step_mean), c(r.time_to_first_step), c(r.timed_wall_time),
-                        c(r.final_loss)])
+                        c(r.final_loss), r.input_method or "", c(r.input_fraction), r.input_verdict or ""])
     return buf.getvalue()

@@ -10,10 +10,19 @@ from typing import Any
 
 import backends
 from common.report.base import NA, NO_INTERVAL
+from common.report.load import upgrade_run
 from common.report.stats import mean_ci95, median, num
 from common.report.versions import version_mix, versions_by_key
 
 RATIO_NUM, RATIO_DEN = backends.RATIO  # numerator and denominator of the throughput ratio
+# backend_info.strategy (a tf.distribute class name, or the flag's name) -> the --strategy flag's name
+STRATEGY_FLAGS = {
+    # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy: what --strategy mwms records
+    "CollectiveAllReduceStrategy": "mwms", "MultiWorkerMirroredStrategy": "mwms",
+    "MirroredStrategy": "mirrored", "OneDeviceStrategy": "one_device",
+    "CentralStorageStrategy": "central_storage", "ParameterServerStrategy": "parameter_server",
+}
+DEFAULT_STRATEGY = "mwms"  # the native default: its rows keep the bare backend name (and the backend ratio)
 
 
 @dataclass
@@ -40,6 +49,9 @@ class Row:
     efficiency: float | None = None
     ratio: float | None = None  # backends.RATIO at this world size, on both backends' rows
     files: list[str] = field(default_factory=list)
+    input_method: str | None = None  # RunRecord.input.method of the repeats ("fetch", "gap"); None: not measured
+    input_fraction: float | None = None  # median over repeats of the input wait's share of the timed wall time
+    input_verdict: str | None = None  # "kept up", "moderately input-bound", "highly input-bound" or None (undecided)
 
 
 @dataclass
@@ -107,17 +119,58 @@ def _make_row(backend: str, ws: int, nw: int, runs: list[dict[str, Any]]) -> Row
         timed_wall_time=median(num(r.get("timed_wall_time")) for r in runs),
         final_loss=median(_final_loss(r) for r in runs),
         files=[r.get("_path", "?") for r in runs],
+        **_input_fields(runs),
     )
 
 
-def row_label(run: Mapping[str, Any]) -> str:
-    """The backend column of a run's row: its backend, or for an asynchronous run (parameter-server training,
-    ``backend_info.asynchronous``) e.g. "native (parameter_server, asynchronous)": rows of their own, outside every
-    comparison of synchronous runs (the backend ratio), since their steps are not the same computation."""
+def _input_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row's input wait (``RunRecord.input``): method, median share over repeats, and the verdict all repeats
+    support (the worst one: a row is "kept up" only if every repeat kept up)."""
+    measured = [i for r in runs if isinstance(i := r.get("input"), Mapping) and i.get("method")]
+    if not measured:
+        return {}
+    methods = {str(i["method"]) for i in measured}
+    kept = [i.get("kept_up") for i in measured]
+    verdict = None
+    if all(k is True for k in kept) and len(measured) == len(runs):
+        verdict = "kept up"
+    elif False in kept:
+        verdict = "highly input-bound" if any(i.get("input_bound") == "highly" for i in measured) \
+            else "moderately input-bound"
+    return {"input_method": methods.pop() if len(methods) == 1 else "mixed",
+            "input_fraction": median(num(i.get("wait_fraction")) for i in measured), "input_verdict": verdict}
+
+
+def input_text(row: Row) -> str:
+    """The row's input-wait cell, e.g. "0.4% kept up", "23% highly input-bound", "48% input + between steps"."""
+    if row.input_method is None or row.input_fraction is None:
+        return NA
+    share = f"{100 * row.input_fraction:.1f}%"
+    if row.input_method == "fetch":
+        return f"{share} {row.input_verdict}" if row.input_verdict else share
+    what = f"{share} input + between steps" if row.input_method == "gap" else f"{share} ({row.input_method})"
+    return f"{what}: kept up" if row.input_verdict == "kept up" else what
+
+
+def run_strategy(run: Mapping[str, Any]) -> str | None:
+    """The run's strategy as the --strategy flag names it, when it is not its backend's default (None then)."""
     info = run.get("backend_info")
-    if isinstance(info, Mapping) and info.get("asynchronous") is True:
-        return f"{run['backend']} ({info.get('strategy', '?')}, asynchronous)"
-    return str(run["backend"])
+    raw = info.get("strategy") if isinstance(info, Mapping) else None
+    if not isinstance(raw, str) or not raw:
+        return None
+    name = STRATEGY_FLAGS.get(raw, raw)
+    return None if name in (DEFAULT_STRATEGY, run["backend"]) else name
+
+
+def row_label(run: Mapping[str, Any]) -> str:
+    """The backend column of a run's row: its backend, or with a strategy other than the default e.g. "native
+    (mirrored)", and for an asynchronous run (``RunRecord.asynchronous``: parameter-server training) "native
+    (parameter_server, asynchronous)": rows of their own, never merged with the default strategy's, outside the
+    backend ratio (which compares the backends' default ways of training)."""
+    parts = [s for s in (run_strategy(run),) if s]
+    if run.get("asynchronous") is True:
+        parts = [*(parts or ["?"]), "asynchronous"]
+    return f"{run['backend']} ({', '.join(parts)})" if parts else str(run["backend"])
 
 
 def _rows(runs: list[dict[str, Any]]) -> list[Row]:
@@ -205,11 +258,46 @@ def _run_notes(job: Mapping[str, Any], runs: list[dict[str, Any]], rows: list[Ro
     differing = [k for k, vals in versions_by_key(runs).items() if len(vals) > 1]
     if differing:
         notes.append(f"software versions differ across runs ({', '.join(differing)}): see Environment")
-    for label in dict.fromkeys(row_label(r) for r in runs if row_label(r) != r["backend"]):
+    for label in dict.fromkeys(row_label(r) for r in runs if r.get("asynchronous") is True):
         notes.append(f"{label}: asynchronous training (workers update the parameter servers without waiting for "
                      "each other), so its per-step losses are not those of the synchronous runs: it is in no parity "
                      f"claim and not in the {RATIO_NUM}/{RATIO_DEN} ratio; compare its throughput and final loss "
                      "only (its speedup is against its own 1-worker run)")
+    for label in dict.fromkeys(row_label(r) for r in runs if r.get("asynchronous") is not True and run_strategy(r)):
+        notes.append(f"{label}: rows of their own (another tf.distribute strategy than {RATIO_DEN}'s default "
+                     f"{DEFAULT_STRATEGY}); not in the {RATIO_NUM}/{RATIO_DEN} ratio, speedup against its own "
+                     "1-replica run")
+    _input_notes(runs, notes)
+
+
+def _input_notes(runs: list[dict[str, Any]], notes: list[str]) -> None:
+    """What the input-wait column measures (once), and why some rows have none."""
+    inputs = [i for r in runs if isinstance(i := r.get("input"), Mapping)]
+    methods = {i.get("method") for i in inputs} - {None}
+    if methods:
+        threshold = next((num(i.get("threshold")) for i in inputs if num(i.get("threshold")) is not None), None)
+        line = f"below {100 * threshold:g}% kept up; " if threshold is not None else ""
+        notes.append("input wait: the share of its timed wall time the slowest rank spent waiting for the next "
+                     "batch, median over repeats, timed on the device during the run; " + line + "from 20% highly "
+                     "input-bound (TensorFlow Profiler's lines)"
+                     + ("; custom-loop rows time the fetch itself" if "fetch" in methods else "")
+                     + ("; fit rows show \"input + between steps\": Keras fetches the batch out of reach, so theirs "
+                        "is the time from the end of one step to the next batch being available, Keras' host work "
+                        "between steps included (an upper bound of the input wait, so never called input-bound)"
+                        if "gap" in methods else ""))
+    for reason, labels in _not_measured(runs).items():
+        notes.append(f"{', '.join(labels)}: input wait not measured ({reason})")
+
+
+def _not_measured(runs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for r in runs:
+        i = r.get("input")
+        if isinstance(i, Mapping) and not i.get("method") and i.get("reason"):
+            labels = out.setdefault(str(i["reason"]), [])
+            if row_label(r) not in labels:
+                labels.append(row_label(r))
+    return out
 
 
 def _summarize_job(job_hash: str, runs: list[dict[str, Any]]) -> JobSummary:
@@ -237,6 +325,8 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> list[JobSummary]:
     """One JobSummary per job_hash (sorted by job name, then hash); runs of different jobs are never mixed."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
-        groups.setdefault(r["job_hash"], []).append(dict(r))
+        run = dict(r)
+        upgrade_run(run)  # an older file's way of saying what newer fields say (load_runs did it for files)
+        groups.setdefault(r["job_hash"], []).append(run)
     out = [_summarize_job(h, rs) for h, rs in groups.items()]
     return sorted(out, key=lambda s: (s.name, s.job_hash))

@@ -5,6 +5,8 @@
 #   TWINBENCH_MODULES    site modules to load first, e.g. "cuda/12.2 nccl" (default: none)
 #   TWINBENCH_CONDA_ENV  conda environment to activate (default: none; then the repo's .venv when present,
 #                        else whatever `python` is on PATH)
+#   TWINBENCH_IFACE      data network interface, the same name on every node (e.g. ib0): Gloo, Open MPI, NCCL,
+#                        horovodrun --network-interface and the native workers' addresses (the backends' --iface)
 # Relative job and results paths are relative to the repository root.
 
 tb_log() { printf '[twinbench] %s\n' "$*"; }
@@ -47,6 +49,16 @@ export SLURM_KILL_BAD_EXIT=1
 # sharing a node, or a job right after another (ports in TIME_WAIT), do not collide. 12000..19999 (IDRIS allows
 # 10000-20000), 32 ports per job; TWINBENCH_PORT_BASE (or --port-base after the job arguments) overrides it.
 TB_PORT_BASE=${TWINBENCH_PORT_BASE:-$((12000 + (${SLURM_JOB_ID:-0} % 250) * 32))}
+# One data interface for every launcher (the backends read TWINBENCH_IFACE as their --iface default and check it on
+# every node; the batch host is checked here, before anything starts). Empty: each launcher picks its own.
+if [ -n "${TWINBENCH_IFACE:-}" ]; then
+  [ -e "/sys/class/net/$TWINBENCH_IFACE" ] || tb_die "TWINBENCH_IFACE=$TWINBENCH_IFACE: no such network" \
+    "interface on $(hostname) (it has: $(ls /sys/class/net | tr '\n' ' '))"
+  export TWINBENCH_IFACE HOROVOD_GLOO_IFACE=$TWINBENCH_IFACE NCCL_SOCKET_IFNAME=$TWINBENCH_IFACE
+  export OMPI_MCA_btl_tcp_if_include=$TWINBENCH_IFACE OMPI_MCA_oob_tcp_if_include=$TWINBENCH_IFACE
+fi
+TB_HVD_NIC=()  # horovodrun's own option for it
+if [ -n "${TWINBENCH_IFACE:-}" ]; then TB_HVD_NIC=(--network-interface "$TWINBENCH_IFACE"); fi
 
 # horovodrun -H: "node1:4,node2:4" from the allocation (scontrol show hostnames + SLURM_TASKS_PER_NODE "4(x2)").
 tb_hvd_hosts() {

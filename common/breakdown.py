@@ -1,0 +1,283 @@
+"""``--diagnose breakdown``: where a custom-loop step's time goes, measured on the device, on either backend.
+
+A separate diagnostic run (its own ``kind: "breakdown"`` record, never a benchmark figure). It trains the job with
+the custom loop's math, but each step is ONE ``tf.function`` whose phases are serialized by data and control
+dependencies, with a ``tf.timestamp()`` at every boundary:
+
+    t0  function start             -> next(iterator)                       -> t1  the batch is there
+    t1  forward + backward, this replica's own gradients (no reduction)  -> t2
+    t2  SUM all-reduce of the gradients (Backend.allreduce_gradients)      -> t3  (includes waiting for the slowest)
+    t3  optimizer.apply_gradients(..., experimental_aggregate_gradients=False) -> t4
+
+``rest`` = t0 of this step - t4 of the previous one: everything between two steps' device work (the function's
+return and dispatch, the Python loop, the host syncs). So input + compute + comm + apply + rest is the step time
+end to end on the device clock, and every part is measured, none is a residual. The host still syncs only every
+``sync_every_steps`` (as a benchmark does) and keeps its own clock marks: ``host_step_time`` (the slowest rank's
+wall clock over the timed steps, a benchmark's ``step_time.mean``) checks the device-side parts against an
+independent clock. Serializing removes the overlap a backend may have (Horovod starts allreducing gradients while
+the backward pass runs): the breakdown shows where the time goes WITHOUT overlap.
+
+Waiting: every rank leaves the all-reduce at about the same time, so the rank arriving last spends the least time
+in it; a rank's ``wait`` is its comm time minus the smallest comm time of that step over ranks (no clock
+synchronisation between hosts needed).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from backends.base import Backend
+from common import data as data_mod
+from common import results as res
+from common.errors import PeerLost, UsageError
+from common.job import Job
+from common.loops import Plan, lr_at_step
+from common.results import BREAKDOWN_PHASES, BreakdownRecord
+from common.runconfig import RunOptions
+
+STAMPS = 5  # t0..t4 per step
+METHOD = ("phases serialized inside one tf.function per step, tf.timestamp() at each boundary; no overlap of "
+          "communication with the backward pass; a diagnostic run, not a benchmark figure")
+
+
+# -- pure arithmetic (no TensorFlow): per-step phases and their summary --------------------------------------
+def step_phases(stamps: list[list[float]], warm: int) -> list[list[float]]:
+    """Per timed step (index >= ``warm`` >= 1), the durations in BREAKDOWN_PHASES order from [t0..t4] stamps."""
+    out = []
+    for i in range(max(warm, 1), len(stamps)):
+        t0, t1, t2, t3, t4 = stamps[i][:STAMPS]
+        out.append([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t0 - stamps[i - 1][4]])
+    return out
+
+
+def summarize(per_rank: list[list[list[float]]], per_rank_wall: list[float]) -> dict[str, Any]:
+    """The record's figures from every rank's per-step phases and its host wall clock over the same steps."""
+    ranks, steps = len(per_rank), len(per_rank[0])
+    if steps == 0 or any(len(r) != steps for r in per_rank):
+        raise ValueError(f"ranks timed different numbers of steps: {[len(r) for r in per_rank]}")
+    names = BREAKDOWN_PHASES
+    comm = names.index("comm")
+    rank_mean = [[sum(r[i][p] for r in per_rank) / ranks for p in range(len(names))] for i in range(steps)]
+    waits = [[r[i][comm] - min(q[i][comm] for q in per_rank) for i in range(steps)] for r in per_rank]
+    phases = {n: sum(s[p] for s in rank_mean) / steps for p, n in enumerate(names)}
+    rows = []
+    for k, r in enumerate(per_rank):
+        rows.append({
+            "rank": k,
+            "mean": {n: sum(s[p] for s in r) / steps for p, n in enumerate(names)},
+            "median": {n: statistics.median(s[p] for s in r) for p, n in enumerate(names)},
+            "wait": sum(waits[k]) / steps,
+        })
+    return {
+        "phases": phases,
+        "phases_median": {n: statistics.median(s[p] for s in rank_mean) for p, n in enumerate(names)},
+        "wait": sum(sum(w) for w in waits) / (ranks * steps),
+        "step_time": sum(phases.values()),
+        "host_step_time": max(per_rank_wall) / steps,
+        # the rank the others wait for: it arrives last at the all-reduce, so it spends the least time in it
+        "slowest_rank": min(range(ranks), key=lambda k: rows[k]["mean"]["comm"]),
+        "per_rank": rows,
+    }
+
+
+def describe_line(rec: BreakdownRecord) -> str:
+    """One line: each phase in ms, the step on the device clock, and what the host clock measured."""
+    ph = rec.phases
+    parts = " | ".join(f"{p} {ph[p] * 1e3:.3f}" for p in BREAKDOWN_PHASES)
+    wait = f" (comm includes {rec.wait * 1e3:.3f} waiting for the slowest rank)" if rec.wait is not None else ""
+    return (f"{parts} ms per step{wait}; sum {rec.step_time * 1e3:.3f} ms, host clock {rec.host_step_time * 1e3:.3f}"
+            f" ms ({100 * rec.step_time / rec.host_step_time:.1f}%)")
+
+
+# -- the diagnostic run -----------------------------------------------------------------------------------------
+def run_breakdown(job: Job, backend: Backend, opts: RunOptions) -> BreakdownRecord | None:
+    """Train ``job`` with its step split into timed phases; the chief writes (and returns) the record."""
+    from common import train
+
+    problem = backend.breakdown_problem()
+    if problem:
+        raise UsageError(problem)
+    if backend.info.replicas_per_worker != 1:
+        raise UsageError("--diagnose breakdown times one replica per process; this run drives "
+                         f"{backend.info.replicas_per_worker}")
+    plan = train.make_plan(job, backend)
+    if plan.total_steps < 2:
+        raise UsageError(f"--diagnose breakdown needs at least 2 steps (one untimed), got {plan.total_steps}")
+    if opts.verbose and backend.is_chief:
+        print(f"[twinbench] DIAGNOSTIC run (not a benchmark): step breakdown of job {job.name!r} hash {job.job_hash}"
+              f", backend {backend.name}, {plan.replicas} replica(s), {plan.total_steps} steps; phases serialized, "
+              "no overlap", flush=True)
+    heartbeat, watchdog = train.start_watchdog(backend, opts)
+    try:
+        return _run(job, backend, opts, plan, watchdog)
+    except UsageError:
+        raise
+    except Exception as e:
+        lost = watchdog.lost_peers() if watchdog is not None else []
+        if not lost:
+            raise
+        watchdog.stop()
+        raise PeerLost(lost, e) from e
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        if heartbeat is not None:
+            heartbeat.close()
+
+
+def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any) -> BreakdownRecord | None:
+    from common import train
+
+    built = train.build(job, backend, plan)
+    dataset = backend.make_dataset(
+        lambda index, count, per: data_mod.make_train_dataset(job, plan.global_batch, index, count, per, 0))
+    backend.before_training(built.model)
+    warm = min(max(job.warmup_interval, 1), plan.total_steps - 1)  # step `warm - 1` ends the untimed part
+    stamps, losses, marks = _loop(job, backend, built.model, built.optimizer, dataset, plan, warm, watchdog)
+    wall = next(t for d, t in marks if d == warm)
+    mine = {"host": res.hostname(), "phases": step_phases(stamps, warm), "wall": marks[-1][1] - wall,
+            "losses": losses}
+    everyone = backend.allgather(mine)  # every rank takes part; only the chief keeps the result
+    if not backend.is_chief:
+        return None
+    n_params = int(sum(int(math.prod(v.shape)) for v in built.model.trainable_variables))
+    figures = summarize([r["phases"] for r in everyone], [r["wall"] for r in everyone])
+    for row, r in zip(figures["per_rank"], everyone):
+        row["host"] = r["host"]
+    rec = BreakdownRecord(
+        backend=backend.name, backend_info=backend.describe(), world_size=plan.replicas,
+        num_workers=backend.num_workers, job_hash=job.job_hash, job=job.to_dict(),
+        global_batch_size=plan.global_batch, steps=plan.total_steps, timed_steps=plan.total_steps - warm,
+        warmup_steps=warm, **figures, per_rank_step_phases=[r["phases"] for r in everyone],
+        step_losses=[sum(r["losses"][i] for r in everyone) / len(everyone) for i in range(plan.total_steps)],
+        trainable_params=n_params, gradient_bytes=backend.gradient_bytes(n_params), versions=res.versions(),
+        hosts=[r["host"] for r in everyone], command=list(opts.command),
+        started_at=res.now_iso_from(opts.t_process_start), finished_at=res.now_iso(), run_id=res.new_run_id(),
+    )
+    if opts.verbose:
+        print(f"[twinbench] breakdown ({METHOD}): {describe_line(rec)}", flush=True)
+    if opts.results_dir is not None:
+        path = res.write_json_atomic(Path(opts.results_dir) / rec.filename(), rec.to_dict())
+        print(f"[twinbench] results: {path}", flush=True)
+    return rec
+
+
+def _loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any, plan: Plan, warm: int,
+          watchdog: Any) -> tuple[list[list[float]], list[float], list[tuple[int, float]]]:
+    """Run every step; the host reads the device's stamps every sync_every_steps (and after step 1, at the end
+    of the warm-up and after the last step), as a benchmark syncs. Returns stamps, losses and clock marks."""
+    import tensorflow as tf
+
+    every = job.sync_interval
+    ring = tf.Variable(tf.zeros([every, STAMPS + 1], tf.float64), trainable=False, name="twinbench_breakdown")
+    step = _make_step(job, backend, model, optimizer, plan, iter(dataset), ring)
+    stamps: list[list[float]] = []
+    losses: list[float] = []
+    marks = [(0, time.perf_counter())]
+    for done in range(1, plan.total_steps + 1):
+        new_lr = lr_at_step(done - 1, plan.learning_rate, plan.steps_per_epoch, plan.replicas, job.warmup_epochs)
+        if new_lr is not None:
+            tf.keras.backend.set_value(optimizer.lr, new_lr)
+        step()  # not waited for: the host reads the device only at a sync, as a benchmark does
+        if done == 1:
+            backend.after_first_step(model, optimizer)
+        if done in (1, warm, plan.total_steps) or done % every == 0:
+            block = ring.numpy()  # the host waits for the device here only
+            for i in range(len(stamps), done):
+                stamps.append([float(v) for v in block[i % every][:STAMPS]])
+                losses.append(float(block[i % every][STAMPS]))
+            marks.append((done, time.perf_counter()))
+            if watchdog is not None:
+                watchdog.progress(f"step {done}")
+    return stamps, losses, marks
+
+
+def _make_step(job: Job, backend: Backend, model: Any, optimizer: Any, plan: Plan, iterator: Any,
+               ring: Any) -> Any:
+    """The one tf.function per step: [t0, t1, t2, t3, t4, loss] of step ``i`` written at slot i % ring size."""
+    import tensorflow as tf
+
+    forward = _forward(job, model, plan)
+    mixed, variables = job.mixed_precision, model.trainable_variables
+
+    def replica(x: Any, y: Any) -> Any:
+        t1 = _stamp_after([x, y])
+        x, y = _after(t1, [x, y])  # the forward pass starts once t1 is taken
+        with tf.GradientTape() as tape:
+            loss = forward(x, y)
+            target = optimizer.get_scaled_loss(loss) if mixed else loss
+        grads = backend.local_gradients(tape, target, variables)
+        if mixed:
+            grads = optimizer.get_unscaled_gradients(grads)
+        t2 = _stamp_after(grads)
+        reduced = backend.allreduce_gradients(_after(t2, grads))
+        t3 = _stamp_after(reduced)
+        update = backend.apply_local(optimizer, list(zip(_after(t3, reduced), variables)))
+        with tf.control_dependencies(_ops(update)):
+            t4 = _stamp_after([tf.identity(v) for v in variables])  # the updated values, read back
+        return tf.stack([t1, t2, t3, t4, tf.cast(loss, tf.float64) * plan.replicas])  # loss: this replica's mean
+
+    counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_breakdown_step")
+
+    @tf.function
+    def step() -> Any:
+        t0 = tf.timestamp()
+        with tf.control_dependencies([t0]):  # the batch is asked for after t0
+            batch = next(iterator)
+        row = backend.run(replica, batch)[0]  # one replica per process (checked)
+        slot = tf.cast(counter % ring.shape[0], tf.int32)
+        written = ring.scatter_nd_update([[slot]], [tf.concat([[t0], row], 0)])
+        with tf.control_dependencies([written]):
+            return counter.assign_add(1)
+
+    return step
+
+
+def _forward(job: Job, model: Any, plan: Plan) -> Any:
+    """The custom loop's objective (common.loops): summed loss / GLOBAL batch + regularisation / replicas."""
+    import tensorflow as tf
+
+    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                             reduction=tf.keras.losses.Reduction.NONE)
+
+    def forward(x: Any, y: Any) -> Any:
+        loss = tf.nn.compute_average_loss(loss_obj(y, model(x, training=True)), global_batch_size=plan.global_batch)
+        if model.losses:
+            loss += tf.add_n(model.losses) / plan.replicas
+        return loss
+
+    return tf.function(forward, jit_compile=True) if job.xla else forward
+
+
+def _stamp_after(tensors: list[Any]) -> Any:
+    """tf.timestamp() once ``tensors`` are computed. With a GPU, a data dependency on one element of each, read on
+    the host, so the stamp waits for the kernels themselves (a control dependency waits only for their launch);
+    on a CPU a control dependency is enough, and costs less."""
+    import tensorflow as tf
+
+    if not tf.config.list_logical_devices("GPU"):
+        with tf.control_dependencies(tensors):
+            return tf.timestamp()
+    with tf.device("/device:CPU:0"):
+        probe = tf.add_n([tf.cast(tf.reshape(t, [-1])[0], tf.float64) for t in tensors])
+        with tf.control_dependencies([probe]):
+            return tf.timestamp()
+
+
+def _after(stamp: Any, tensors: list[Any]) -> list[Any]:
+    """``tensors`` passed through identities that wait for ``stamp``: what consumes them starts after it."""
+    import tensorflow as tf
+
+    with tf.control_dependencies([stamp]):
+        return [tf.identity(t) for t in tensors]
+
+
+def _ops(update: Any) -> list[Any]:
+    """What apply_gradients returned, as a list usable in control_dependencies (the backend's update op)."""
+    import tensorflow as tf
+
+    return [u for u in tf.nest.flatten(update, expand_composites=True) if u is not None]

@@ -1,0 +1,131 @@
+"""Test helpers around tests/cluster/cluster.sh: start, drive and stop an emulated cluster, run processes on its
+nodes. Shared by tests/test_cluster.py (the cluster itself) and tests/test_cluster_runs.py (twinbench across it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, base_env
+
+CLUSTER = REPO / "tests" / "cluster" / "cluster.sh"
+NODES = ["node1", "node2"]
+IMMEDIATE = "--immediate=120"  # srun/salloc: fail instead of queueing forever
+JOB_TIMEOUT = 300  # s for one batch job or multi-process run across the nodes; then it is cancelled, the test fails
+
+
+def why_no_cluster() -> str | None:
+    """Why this machine cannot run the emulated cluster (a skip reason), or None."""
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root (network namespaces, routes, daemons as root)"
+    probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"Linux namespaces are not available here (unshare --net --uts --mount: {probe.stderr.strip()})"
+    return None
+
+
+def sh(*args: str, timeout: int = 120, check: bool = True,
+       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``cluster.sh ARGS...`` from the repository root; a failure (with check) shows its output."""
+    proc = subprocess.run(["bash", str(CLUSTER), *args], cwd=REPO, env=env or base_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"cluster.sh {' '.join(args)} exited {proc.returncode}\n--- stdout\n"
+                             f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}")
+    return proc
+
+
+class Emulated:
+    """A started cluster: its directory, settings (cluster.env) and a per-module cache of expensive runs."""
+
+    def __init__(self, directory: Path, started_in: float) -> None:
+        self.dir = directory
+        self.started_in = started_in
+        self.settings = dict(re.findall(r"^(\w+)=(\S+)$", (directory / "cluster.env").read_text(), re.M))
+        self.cache: dict[str, Any] = {}
+
+    def sh(self, verb: str, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return sh(verb, str(self.dir), *args, **kw)
+
+    def run(self, member: str, *cmd: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.sh("run", member, *cmd, **kw)
+
+    def popen(self, member: str, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``cmd`` on ``member`` in the background, stdout and stderr into ``log`` (never a pipe that can fill)."""
+        with open(log, "wb") as f:
+            return subprocess.Popen(["bash", str(CLUSTER), "run", str(self.dir), member, *cmd], cwd=REPO,
+                                    env=env or base_env(), stdout=f, stderr=subprocess.STDOUT)
+
+    def addr(self, member: str) -> str:
+        base = self.settings["NETBASE"]
+        return f"{base}.1" if member == "login" else f"{base}.{10 + int(member[4:])}"
+
+    def once(self, key: str, make: Any) -> Any:
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
+
+    def sbatch(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+        """Submit from the login node, wait for the job to end (cancelled after JOB_TIMEOUT); scontrol's fields,
+        plus the log."""
+        job = self.run("login", "sbatch", "--parsable", f"--output={log}", *args, env=env).stdout.strip()
+        job = job.split(";")[0]
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while True:
+            out = self.run("login", "scontrol", "-o", "show", "job", job).stdout
+            info = dict(f.split("=", 1) for f in out.split() if "=" in f)
+            if info.get("JobState") not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", None):
+                break
+            if time.monotonic() > deadline:
+                self.run("login", "scancel", job, check=False)
+                raise AssertionError(f"job {job} still {info.get('JobState')} after {JOB_TIMEOUT} s; cancelled\n"
+                                     f"{log.read_text()[-3000:] if log.exists() else ''}")
+            time.sleep(0.5)
+        info["log"] = log.read_text() if log.exists() else ""
+        return info
+
+
+def wait_all(procs: list[subprocess.Popen], logs: list[Path], timeout: float = JOB_TIMEOUT) -> list[int]:
+    """Exit statuses of ``procs``; any still running after ``timeout`` s is killed (by its own PID) and the
+    test fails with the logs."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(deadline - time.monotonic(), 0.1)) for p in procs]
+    except subprocess.TimeoutExpired:
+        tails = "\n".join(f"--- {log.name}\n{log.read_text()[-2000:]}" for log in logs)
+        raise AssertionError(f"processes still running after {timeout:.0f} s\n{tails}") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def start(directory: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = env or base_env()
+    env["TWINBENCH_CLUSTER_INSTALL"] = "0"  # a test never installs packages; a missing one is a failure
+    return sh("start", *extra, str(directory), env=env, check=False)
+
+
+def cluster(directory: Path, *extra: str) -> Iterator[Emulated]:
+    """A fixture's body: skip without root or namespaces, fail when the cluster does not start, always stop it."""
+    why = why_no_cluster()
+    if why:
+        pytest.skip(why)
+    t0 = time.monotonic()
+    proc = start(directory, *extra)
+    if proc.returncode != 0:
+        sh("stop", str(directory), check=False)
+        pytest.fail(f"cluster.sh start failed ({proc.returncode}):\n{proc.stderr[-5000:]}")
+    try:
+        yield Emulated(directory, time.monotonic() - t0)
+    finally:
+        sh("stop", str(directory), check=False)

@@ -1,0 +1,178 @@
+"""The data interface option (``--iface`` / ``TWINBENCH_IFACE``, ``common.netif``): checked before TensorFlow starts,
+handed to every launcher, turned into the MWMS workers' addresses, and recorded with the run's topology.
+
+Unit tests on this host (loopback is the one interface certain to exist) plus one run per backend at 2 local ranks;
+across nodes, with the interface every emulated node has, in tests/test_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from backends import horovod, native_cluster
+from common import netif
+from common.errors import UsageError
+from tests.conftest import REPO, base_env, only_result, run
+
+distributed = pytest.mark.distributed
+IFACE_VARS = ("TWINBENCH_IFACE", "HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include",
+              "OMPI_MCA_oob_tcp_if_include")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for v in (*IFACE_VARS, "TF_CONFIG", "TWINBENCH_LOCAL_RANK", "TWINBENCH_LOCAL_SIZE"):
+        monkeypatch.delenv(v, raising=False)
+    for v in [v for v in os.environ if v.startswith("SLURM_")]:
+        monkeypatch.delenv(v)
+    return monkeypatch
+
+
+def test_loopback_address_and_prefix():
+    assert str(netif.ipv4("lo")) == "127.0.0.1/8"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("nosuch0", "no such network interface"),
+    ("a/b", "not a network interface name"),
+    ("x" * 16, "not a network interface name"),
+    ("", "not a network interface name"),
+])
+def test_bad_interface_names(name, message):
+    with pytest.raises(UsageError, match=message) as err:
+        netif.ipv4(name)
+    assert "\n" not in str(err.value)
+    if "no such" in message:
+        assert "lo" in str(err.value)  # the message lists what the host has
+
+
+def test_select_points_every_launcher_at_the_interface(clean_env):
+    assert netif.select(None) is None and netif.selected() is None
+    clean_env.setenv("HOROVOD_GLOO_IFACE", "eth7")  # what horovodrun on localhost sets: the rank's choice wins
+    assert netif.select("lo") == "lo"
+    assert {v: os.environ[v] for v in IFACE_VARS} == dict.fromkeys(IFACE_VARS, "lo")
+    assert netif.selected() == "lo"
+
+
+def test_addresses_on_the_interface_subnet():
+    assert netif.address_on("localhost", "lo") == "127.0.0.1"
+    assert netif.workers_on(["localhost:2000", "127.0.0.5:2001"], "lo") == ["127.0.0.1:2000", "127.0.0.5:2001"]
+    with pytest.raises(UsageError, match=r"192\.0\.2\.7 has no address on lo's subnet 127\.0\.0\.0/8"):
+        netif.address_on("192.0.2.7", "lo")
+    with pytest.raises(UsageError, match="cannot resolve host"):
+        netif.address_on("no-such-host.invalid", "lo")
+    with pytest.raises(UsageError, match="not host:port"):
+        netif.workers_on(["localhost"], "lo")
+
+
+def test_this_hosts_own_name_must_resolve_to_its_own_address(clean_env):
+    # This host's name resolving to another address of the subnet: peers would look for it there.
+    clean_env.setattr(socket, "gethostname", lambda: "localhost")
+    clean_env.setattr(socket, "getaddrinfo", lambda *a, **k: [(0, 0, 0, "", ("127.0.0.9", 0))])
+    with pytest.raises(UsageError, match=r"localhost \(this host\) resolves to 127\.0\.0\.9 but lo here is "
+                                         r"127\.0\.0\.1"):
+        netif.address_on("localhost", "lo")
+
+
+def test_tf_config_rewritten_to_interface_addresses(clean_env):
+    clean_env.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:2000", "localhost:2001"]},
+                                              "task": {"type": "worker", "index": 1}}))
+    clean_env.setenv("TWINBENCH_IFACE", "lo")
+    native_cluster.check_tf_config()
+    assert json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"] == ["127.0.0.1:2000",
+                                                                                      "127.0.0.1:2001"]
+    clean_env.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:2000", "127.0.0.2:2001"]},
+                                              "task": {"type": "worker", "index": 1}}))
+    with pytest.raises(UsageError, match="not on this host's lo address 127.0.0.1"):
+        native_cluster.check_tf_config()
+
+
+@pytest.mark.parametrize("workers, index, expected", [
+    (["node1:1", "node1:2", "node2:1", "node2:2"], 3, (1, 2)),
+    (["node1:1", "node2:1", "node1:2"], 2, (1, 2)),
+    (["a:1"], 0, (0, 1)),
+])
+def test_local_place_from_tf_config(clean_env, workers, index, expected):
+    clean_env.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": workers},
+                                              "task": {"type": "worker", "index": index}}))
+    assert native_cluster.local_place() == expected
+
+
+def test_local_place_from_slurm_layout(clean_env):
+    env = {"SLURM_NTASKS": "3", "SLURM_STEP_NUM_TASKS": "3", "SLURM_PROCID": "2", "SLURM_LOCALID": "0",
+           "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURMD_NODENAME": "n2"}
+    for k, v in env.items():
+        clean_env.setenv(k, v)
+    # The old rule read the first number of "2,1" for every node; n2 has one task.
+    assert native_cluster.local_place() == (0, 1)
+    clean_env.setenv("TWINBENCH_LOCAL_RANK", "1")  # a local launcher's own variables win
+    clean_env.setenv("TWINBENCH_LOCAL_SIZE", "4")
+    assert native_cluster.local_place() == (1, 4)
+
+
+def test_horovodrun_command_names_the_interface_for_remote_hosts(clean_env):
+    across = horovod.horovodrun_command("node1:2,node2:2", 4, ["--iface", "tb0", "--quiet"], python="/p/python")
+    assert across[across.index("--network-interface") + 1] == "tb0"
+    assert across[-6:] == ["/p/python", "-m", "backends.horovod", "--iface", "tb0", "--quiet"]
+    assert across[:5] == ["/p/horovodrun", "-np", "4", "-H", "node1:2,node2:2"]
+    clean_env.setenv("TWINBENCH_IFACE", "ib0")
+    assert "ib0" in horovod.horovodrun_command("a:1,b:1", 2, [], python="/p/python")
+    # horovodrun with local hosts only accepts loopback interfaces: the ranks' --iface sets Gloo's instead
+    assert "--network-interface" not in horovod.local_command(2, ["--iface", "eth0"], python="/p/python")
+    clean_env.delenv("TWINBENCH_IFACE")
+    assert "--network-interface" not in horovod.horovodrun_command("a:1,b:1", 2, [], python="/p/python")
+
+
+def test_topology_and_network_records():
+    everyone = [{"host": h, "local_rank": lr, "local_size": 2, "endpoint": {"interface": "tb0", "address": a}}
+                for h, lr, a in (("n1", 0, "10.0.0.1"), ("n1", 1, "10.0.0.1"), ("n2", 0, "10.0.0.2"),
+                                 ("n2", 1, "10.0.0.2"))]
+    assert netif.topology(everyone) == {"hosts": ["n1", "n1", "n2", "n2"], "local_rank": [0, 1, 0, 1],
+                                        "local_size": [2, 2, 2, 2], "cross_size": 2}
+    net = netif.network("tb0", everyone)
+    assert net["interface"] == "tb0" and net["addresses"] == ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"]
+
+
+@pytest.mark.parametrize("module", ["backends.native", "backends.horovod"])
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_missing_interface_exits_2_before_tensorflow(module, how, tmp_path):
+    code = ("import sys, runpy; sys.argv = ['x'] + sys.argv[1:]; rc = 0\n"
+            f"try:\n    runpy.run_module('{module}', run_name='__main__')\n"
+            "except SystemExit as e:\n    rc = e.code\n"
+            "assert 'tensorflow' not in sys.modules\nsys.exit(rc)")
+    env = base_env()
+    args = ["--results", str(tmp_path / "r")]
+    if how == "flag":
+        args += ["--iface", "nosuch0"]
+    else:
+        env["TWINBENCH_IFACE"] = "nosuch0"
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "--iface nosuch0: no such network interface" in proc.stderr
+
+
+@distributed
+@pytest.mark.parametrize("kind", ["native", "horovod"])
+def test_two_local_ranks_record_interface_addresses_and_topology(kind, tmp_path):
+    import backends
+
+    cmd = backends.load(kind).local_command(2, ["--results", str(tmp_path), "--quiet", "--iface", "lo",
+                                                "--set", "steps=4"], python=sys.executable)
+    run(cmd)
+    r = only_result(tmp_path)
+    assert r["network"] == {"interface": "lo", "source": "--iface", "addresses": ["127.0.0.1"] * 2,
+                            "interfaces": ["lo", "lo"]}
+    host = socket.gethostname()
+    assert r["topology"] == {"hosts": [host, host], "local_rank": [0, 1], "local_size": [2, 2], "cross_size": 1}
+    if kind == "native":
+        assert r["backend_info"]["cluster"]["workers"][0].startswith("127.0.0.1:")
+    else:
+        assert r["backend_info"]["cross_size"] == 1 and r["backend_info"]["local_size"] == 2
