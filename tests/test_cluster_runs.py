@@ -22,14 +22,13 @@ import pytest
 from backends import horovod
 from common import localcluster, scaling
 from tests.cluster.emulated import IMMEDIATE, JOB_TIMEOUT, NODES, Emulated, cluster, wait_all
-from tests.conftest import PY, REPO, SMOKE, base_env, only_result, same_losses
+from tests.conftest import PY, SMOKE, base_env, only_result, same_losses
 
 pytestmark = pytest.mark.distributed
 IFACE = "tb0"  # the data interface cluster.sh gives every node
 RUN = ["--job", SMOKE, "--quiet"]
 HOSTS = ["node1", "node1", "node2", "node2"]  # rank order: block distribution, 2 per node
 TF_CONFIG_PORT = 12700  # inside the node namespaces: nothing else listens there
-PRESET_2X2 = ["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", "--cpus-per-task=1", "--time=10"]
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +77,39 @@ def _mpirun(emu: Emulated, out: Path) -> None:
             PY, "-m", "backends.horovod", *RUN, "--results", str(out), "--iface", IFACE, timeout=JOB_TIMEOUT)
 
 
-def _sbatch(script: str, **extra_env: str) -> Callable[[Emulated, Path], None]:
-    def go(emu: Emulated, out: Path) -> None:
+SWEEP_SIZES = (1, 2, 4)  # 2 fake GPUs per node: sizes 1 and 2 fill one node, 4 spans both
+
+
+def _sweep(emu: Emulated) -> Path:
+    """``python -m common.sweep`` from the login node at sizes 1, 2, 4, both backends, one job at a time (Horovod by
+    horovodrun inside the sbatch script), TWINBENCH_IFACE exported; its directory once the sweep has ended."""
+    def make() -> Path:
+        out = emu.dir / "sweep"
         env = base_env()
-        env.update(TWINBENCH_IFACE=IFACE, **extra_env)
-        info = emu.sbatch([*PRESET_2X2, str(REPO / "jobs" / "slurm" / script), SMOKE, str(out), "--quiet"],
-                          out.parent / f"{out.name}.log", env)
-        assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), info["log"][-4000:]
-        assert f"TWINBENCH_IFACE={IFACE}" in info["log"] and f"NCCL_SOCKET_IFNAME={IFACE}" in info["log"]
-        if "HVD_LAUNCH" in extra_env:
-            assert f"--network-interface {IFACE}" in info["log"], info["log"][-3000:]
+        env["TWINBENCH_IFACE"] = IFACE
+        emu.run("login", PY, "-m", "common.sweep", "submit", "--job", SMOKE, "--sizes", ",".join(map(str, SWEEP_SIZES)),
+                "--backends", "native,horovod", "--results", str(out), "--gres-per-node", "2", "--cpus-per-task", "1",
+                "--time", "00:10:00", "--serial", "--hvd-launch", "horovodrun", "--backend-arg=--quiet", env=env,
+                timeout=120)
+        status = emu.run("login", PY, "-m", "common.sweep", "status", str(out), "--wait", str(JOB_TIMEOUT * 4),
+                         "--poll", "1", env=env, check=False, timeout=JOB_TIMEOUT * 4 + 60)
+        logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in (out / "logs").glob("*"))
+        assert status.returncode == 0, status.stdout + status.stderr + logs
+        return out
+    return emu.once("sweep", make)
+
+
+def _sweep_run(backend_name: str) -> Callable[[Emulated, Path], None]:
+    """The sweep's 4-rank run of ``backend_name`` (the sbatch script with the 2-node preset), copied to ``out``."""
+    def go(emu: Emulated, out: Path) -> None:
+        sweep = _sweep(emu)
+        log = "\n".join(p.read_text(errors="replace") for p in (sweep / "logs").glob(f"{backend_name}-n4-*"))
+        assert f"TWINBENCH_IFACE={IFACE}" in log and f"NCCL_SOCKET_IFNAME={IFACE}" in log, log[-3000:]
+        if backend_name == "horovod":
+            assert f"--network-interface {IFACE}" in log, log[-3000:]
+        out.mkdir(parents=True)
+        src = only_result(sweep / f"{backend_name}-n4")
+        (out / "result.json").write_text(json.dumps(src))
     return go
 
 
@@ -98,8 +120,9 @@ LAUNCHERS: dict[str, tuple[Callable[[Emulated, Path], None], str | None]] = {
     "native TF_CONFIG": (_tf_config_native, IFACE),
     "horovod horovodrun --gloo": (_horovodrun, IFACE),
     "horovod mpirun": (_mpirun, IFACE),
-    "native.sbatch": (_sbatch("native.sbatch"), IFACE),
-    "horovod.sbatch (horovodrun)": (_sbatch("horovod.sbatch", HVD_LAUNCH="horovodrun"), IFACE),
+    # the sbatch scripts with the 2-node preset: the 4-rank runs of the sweep at sizes 1, 2, 4
+    "native.sbatch": (_sweep_run("native"), IFACE),
+    "horovod.sbatch (horovodrun)": (_sweep_run("horovod"), IFACE),
 }
 
 
@@ -128,6 +151,19 @@ def test_placement_and_network_recorded(emu, result, name):
     # Without --iface the addresses are what the host names resolve to on each node: here the data interface too.
     assert net["interface"] == iface and net["source"] == ("--iface" if iface else "host name")
     assert net["addresses"] == [emu.addr(h) for h in HOSTS] and net["interfaces"] == [IFACE] * 4, net
+
+
+def test_sweep_at_1_2_4_spans_nodes_only_when_it_must(emu, result):
+    """The sweep's sizes 1 and 2 run on one node, size 4 on both (what --gres-per-node 2 asks), every run completes,
+    and at each size both backends compute the same per-step losses."""
+    sweep = _sweep(emu)
+    for size in SWEEP_SIZES:
+        recs = {b: only_result(sweep / f"{b}-n{size}") for b in ("native", "horovod")}
+        for r in recs.values():
+            assert r["world_size"] == size and r["weights_consistent"], r["backend"]
+            assert r["hosts"] == (HOSTS if size == 4 else [r["hosts"][0]] * size), r["hosts"]
+            assert r["topology"]["cross_size"] == (2 if size == 4 else 1)
+        assert same_losses(recs) is None, same_losses(recs)
 
 
 def test_native_cluster_addresses(emu, result):

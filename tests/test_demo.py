@@ -35,6 +35,11 @@ def test_demo_compares_both_backends_and_reports(tmp_path):
     md = (tmp_path / "demo" / "report" / "report.md").read_text()
     assert "## Scaling model" in md and "MODEL, not measured" in md
     assert (tmp_path / "demo" / "report" / "allreduce_busbw.png").stat().st_size > 1000
+    # the step-time breakdown (diagnostic runs) of both backends at 1 and 2 workers, with its bar chart
+    diag = sorted((r["backend"], r["world_size"]) for r in runs if r["kind"] == "breakdown")
+    assert diag == [("horovod", 1), ("horovod", 2), ("native", 1), ("native", 2)]
+    assert "## Step-time breakdown" in md and "DIAGNOSTIC" in md
+    assert [p.stat().st_size > 1000 for p in (tmp_path / "demo" / "report").glob("breakdown_*.png")] == [True]
 
 
 @pytest.mark.parametrize("var,value", [("REPEATS", "0"), ("REPEATS", "x"), ("STEPS", "5")])

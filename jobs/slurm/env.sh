@@ -57,8 +57,12 @@ if [ -n "${TWINBENCH_IFACE:-}" ]; then
   export TWINBENCH_IFACE HOROVOD_GLOO_IFACE=$TWINBENCH_IFACE NCCL_SOCKET_IFNAME=$TWINBENCH_IFACE
   export OMPI_MCA_btl_tcp_if_include=$TWINBENCH_IFACE OMPI_MCA_oob_tcp_if_include=$TWINBENCH_IFACE
 fi
-TB_HVD_NIC=()  # horovodrun's own option for it
-if [ -n "${TWINBENCH_IFACE:-}" ]; then TB_HVD_NIC=(--network-interface "$TWINBENCH_IFACE"); fi
+TB_HVD_NIC=()  # horovodrun's own option for it, across nodes only: with every host local horovodrun looks for
+# 127.0.0.1 on the named interface and stops ("No interface is found for address 127.0.0.1"); the ranks' own
+# HOROVOD_GLOO_IFACE above still applies there.
+if [ -n "${TWINBENCH_IFACE:-}" ] && [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then
+  TB_HVD_NIC=(--network-interface "$TWINBENCH_IFACE")
+fi
 
 # horovodrun -H: "node1:4,node2:4" from the allocation (scontrol show hostnames + SLURM_TASKS_PER_NODE "4(x2)").
 tb_hvd_hosts() {
