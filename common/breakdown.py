@@ -33,7 +33,7 @@ from typing import Any
 from backends.base import Backend
 from common import data as data_mod
 from common import results as res
-from common.errors import PeerLost, UsageError
+from common.errors import UsageError
 from common.job import Job
 from common.loops import Plan, lr_at_step
 from common.results import BREAKDOWN_PHASES, BreakdownRecord
@@ -113,15 +113,8 @@ def run_breakdown(job: Job, backend: Backend, opts: RunOptions) -> BreakdownReco
               "no overlap", flush=True)
     heartbeat, watchdog = train.start_watchdog(backend, opts)
     try:
-        return _run(job, backend, opts, plan, watchdog)
-    except UsageError:
-        raise
-    except Exception as e:
-        lost = watchdog.lost_peers() if watchdog is not None else []
-        if not lost:
-            raise
-        watchdog.stop()
-        raise PeerLost(lost, e) from e
+        with train.peer_loss_as_error(watchdog):
+            return _run(job, backend, opts, plan, watchdog)
     finally:
         if watchdog is not None:
             watchdog.stop()

@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,16 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> res.RunRecord | None:
     announce(job, backend, plan, opts)
     preemption = rel.Preemption()  # SIGTERM/SIGUSR1 handlers first: from here on a signal means "checkpoint"
     heartbeat, watchdog = start_watchdog(backend, opts)
-    try:
+    with peer_loss_as_error(watchdog):
         return _run(job, backend, opts, plan, preemption, watchdog, heartbeat)
+
+
+@contextlib.contextmanager
+def peer_loss_as_error(watchdog: rel.Watchdog | None) -> Iterator[None]:
+    """A failure while the watchdog knows a peer is lost becomes ``PeerLost`` naming it: the failed collective's
+    own error rarely says which rank went away. Preemption and usage errors pass through unchanged."""
+    try:
+        yield
     except (Preempted, UsageError):
         raise
     except Exception as e:

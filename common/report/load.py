@@ -7,7 +7,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -133,16 +133,21 @@ def load_runs(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None
     return runs
 
 
-def load_allreduce(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None] = warn) -> list[dict[str, Any]]:
-    """The ``kind: allreduce`` JSONs (common.bench) under ``results_dir``, newest last per backend x size."""
-    out = []
+def _of_kind(results_dir: str | os.PathLike[str], kind: str) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(path, parsed JSON) of the results files of ``kind`` under ``results_dir``."""
     for path in result_files(results_dir):
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue  # load_runs already warned about unreadable files
-        if not isinstance(d, dict) or d.get("kind") != "allreduce":
-            continue
+        if isinstance(d, dict) and d.get("kind") == kind:
+            yield path, d
+
+
+def load_allreduce(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None] = warn) -> list[dict[str, Any]]:
+    """The ``kind: allreduce`` JSONs (common.bench) under ``results_dir``, newest last per backend x size."""
+    out = []
+    for path, d in _of_kind(results_dir, "allreduce"):
         if not isinstance(d.get("rows"), list) or not isinstance(d.get("world_size"), int) or not d.get("backend"):
             warn(f"skipping {path}: incomplete allreduce benchmark")
             continue
@@ -156,13 +161,7 @@ def load_breakdowns(results_dir: str | os.PathLike[str], *,
     """The ``kind: breakdown`` JSONs (``--diagnose breakdown``, common.breakdown) under ``results_dir``, oldest
     first; an unreadable one is skipped with a warning naming the file."""
     out = []
-    for path in result_files(results_dir):
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue  # load_runs already warned about unreadable files
-        if not isinstance(d, dict) or d.get("kind") != "breakdown":
-            continue
+    for path, d in _of_kind(results_dir, "breakdown"):
         try:
             rec = BreakdownRecord.from_dict(d)
         except RecordError as e:
