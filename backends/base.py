@@ -28,6 +28,8 @@ class RankInfo:
     replicas_per_worker: int  # model replicas driven by one process (>1 only for native mirrored)
     device: str  # what the results record, e.g. "cpu (CUDA_VISIBLE_DEVICES=1)" or "/physical_device:GPU:0"
     threads: int  # intra-op threads of this process
+    cpus: tuple[int, ...] = ()  # the CPUs this process may run on, once bound (configure_threads)
+    cpu_bind: str = "none"  # who bound them: "self" (--cpu-bind cores), "launcher" (srun, mpirun...) or "none"
 
     @property
     def num_replicas(self) -> int:
@@ -53,6 +55,7 @@ class BaseOptions:
     """Runtime options every backend takes (the backend's own ``Options`` extend it)."""
 
     threads: int = 0  # intra-op threads per process; 0 = cores / processes on this host
+    cpu_bind: str = "none"  # none: as launched; cores: local ranks a launcher left unbound take disjoint CPU shares
 
 
 class Backend(abc.ABC):
@@ -222,19 +225,57 @@ class Backend(abc.ABC):
 
 
 # -- helpers both backends use ----------------------------------------------------------------------------
-def configure_threads(local_size: int, threads: int) -> int:
-    """Give each local process an equal share of the cores (TF otherwise sizes pools for all cores per process)."""
+CPU_BIND = ("none", "cores")  # --cpu-bind choices; none (default): this process's mask is left as launched
+
+
+def cpu_share(local_rank: int, local_size: int, cpus: list[int]) -> list[int]:
+    """``local_rank``'s block of ``cpus``: ``len(cpus) // local_size`` contiguous CPUs (a remainder stays idle, as
+    the thread budget ignores it); with more ranks than CPUs, one CPU each, round robin."""
+    if local_size >= len(cpus):
+        return [cpus[local_rank % len(cpus)]]
+    per = len(cpus) // local_size
+    return cpus[local_rank * per:(local_rank + 1) * per]
+
+
+def bind_cpus(local_rank: int, local_size: int, mode: str) -> tuple[list[int], str]:
+    """Returns (the CPUs this process may use, who bound it: "launcher" | "self" | "none"). A mask narrower than
+    the parent's was set by the launcher (srun --cpu-bind, mpirun's default binding) and is kept. Otherwise, with
+    ``mode`` "cores" and other local ranks, bind this process to its ``cpu_share``, as srun --cpu-bind=cores would;
+    horovodrun --gloo and the native --nproc launcher bind nothing. Binding changes the two backends differently
+    (README, "CPU binding"), hence opt-in and recorded."""
+    mine = sorted(os.sched_getaffinity(0))
+    try:
+        parent = sorted(os.sched_getaffinity(os.getppid()))
+    except OSError:  # the parent is gone or not ours to inspect: take the mask as the launcher's
+        parent = mine
+    if mine != parent:
+        return mine, "launcher"
+    if mode != "cores" or local_size <= 1:
+        return mine, "none"
+    share = cpu_share(local_rank, local_size, mine)
+    # Every thread, as srun binds a whole task: sched_setaffinity(0) sets only the calling thread's mask, which
+    # threads created later inherit (TensorFlow's pools); threads already running (Horovod's background thread,
+    # started by hvd.init) keep theirs unless set one by one.
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), share)
+    return share, "self"
+
+
+def configure_threads(local_size: int, threads: int, local_rank: int = 0,
+                      cpu_bind: str = "none") -> tuple[int, list[int], str]:
+    """Give each local process an equal share of the cores (TF otherwise sizes pools for all cores per process),
+    bound to them with ``cpu_bind`` "cores" (``bind_cpus``). Returns (intra-op threads, CPUs, who bound them)."""
     import tensorflow as tf
 
+    cpus, how = bind_cpus(local_rank, local_size, cpu_bind)
     if threads <= 0:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - non-Linux
-            cores = os.cpu_count() or 1
-        threads = max(1, cores // max(local_size, 1))
+        # bound (by us or a launcher): the mask is this process's own; unbound: an equal part of the shared mask
+        share = len(cpus) if how != "none" else len(cpus) // max(local_size, 1)
+        threads = max(1, share)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
-    return threads
+    return threads, cpus, how
 
 
 @dataclass(frozen=True)

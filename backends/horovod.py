@@ -31,7 +31,7 @@ class Options(BaseOptions):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
-        return cls(threads=args.threads, fp16_allreduce=args.fp16_allreduce,
+        return cls(threads=args.threads, cpu_bind=args.cpu_bind, fp16_allreduce=args.fp16_allreduce,
                    timeline=getattr(args, "profile_steps", None) is not None)
 
 
@@ -107,12 +107,14 @@ class HorovodBackend(Backend):
             # nothing until started (a user's own HOROVOD_TIMELINE=file is kept: that file is then switched)
             os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         hvd.init()
-        threads = configure_threads(hvd.local_size(), self.opts.threads)
+        threads, cpus, bound = configure_threads(hvd.local_size(), self.opts.threads, hvd.local_rank(),
+                                                 self.opts.cpu_bind)
         pin = pin_one_gpu(hvd.local_rank(), PROG)
         self.visible_gpus = pin.visible
         self.compression = hvd.Compression.fp16 if self.opts.fp16_allreduce else hvd.Compression.none
         return RankInfo(rank=hvd.rank(), num_workers=hvd.size(), local_rank=hvd.local_rank(),
-                        local_size=hvd.local_size(), replicas_per_worker=1, device=pin.label(), threads=threads)
+                        local_size=hvd.local_size(), replicas_per_worker=1, device=pin.label(), threads=threads,
+                        cpus=tuple(cpus), cpu_bind=bound)
 
     def describe(self) -> dict[str, Any]:
         hvd = self.hvd

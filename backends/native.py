@@ -55,8 +55,9 @@ class Options(BaseOptions):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
-        return cls(threads=args.threads, strategy=args.strategy, comm=args.comm, port_base=args.port_base,
-                   gpus_per_node=args.gpus_per_node, logical_cpus=args.logical_cpus, ps=args.ps)
+        return cls(threads=args.threads, cpu_bind=args.cpu_bind, strategy=args.strategy, comm=args.comm,
+                   port_base=args.port_base, gpus_per_node=args.gpus_per_node, logical_cpus=args.logical_cpus,
+                   ps=args.ps)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -112,7 +113,7 @@ class NativeBackend(Backend):
 
         o = self.opts
         local_rank, local_size = native_cluster.local_place()  # from the launcher's layout (TF_CONFIG, Slurm)
-        self.threads = configure_threads(local_size, o.threads)
+        self.threads, cpus, bound = configure_threads(local_size, o.threads, local_rank, o.cpu_bind)
         gpus = tf.config.list_physical_devices("GPU")
         self.visible_gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
         # One process driving every local device, or the chief of parameter-server training (it computes
@@ -127,7 +128,8 @@ class NativeBackend(Backend):
                 cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(o.logical_cpus)])
         rank, num_workers, per_worker, device = self._make_strategy(tf, gpus, pin)
         return RankInfo(rank=rank, num_workers=num_workers, local_rank=local_rank, local_size=local_size,
-                        replicas_per_worker=per_worker, device=device, threads=self.threads)
+                        replicas_per_worker=per_worker, device=device, threads=self.threads, cpus=tuple(cpus),
+                        cpu_bind=bound)
 
     def _make_strategy(self, tf: Any, gpus: list[Any], pin: Pinning) -> tuple[int, int, int, str]:
         """Create the strategy (before any other TF op); returns (rank, workers, replicas per worker, device)."""

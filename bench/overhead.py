@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import backends
+from backends.base import CPU_BIND
 from common.localcluster import start_tf_config_workers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,18 +57,18 @@ def _job_args(sets: list[str]) -> list[str]:
     return ["--job", "jobs/smoke.toml", *(x for s in sets for x in ("--set", s))]
 
 
-def twinbench(kind: str, steps: int, warm: int, sets: list[str]) -> float:
+def twinbench(kind: str, steps: int, warm: int, sets: list[str], cpu_bind: str = "none") -> float:
     with tempfile.TemporaryDirectory() as out:
         args = [*_job_args(sets), "--set", "mode=ctl", "--set", f"steps={steps}",
-                "--set", f"timing_warmup_steps={warm}", "--results", out, "--quiet"]
+                "--set", f"timing_warmup_steps={warm}", "--results", out, "--quiet", "--cpu-bind", cpu_bind]
         cmd = backends.load(kind).local_command(2, args, python=PY)
         subprocess.run(cmd, cwd=REPO, env=bench_env(), check=True, capture_output=True)
         rec = json.loads(next(Path(out).glob("*.json")).read_text())
         return rec["images_per_sec"]
 
 
-def plain(kind: str, steps: int, warm: int, sets: list[str]) -> float:
-    args = ["-m", "bench.plain_loops", kind, str(steps), str(warm), *_job_args(sets)]
+def plain(kind: str, steps: int, warm: int, sets: list[str], cpu_bind: str = "none") -> float:
+    args = ["-m", "bench.plain_loops", kind, str(steps), str(warm), *_job_args(sets), "--cpu-bind", cpu_bind]
     if kind == "horovod":
         proc = subprocess.run([HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *args], cwd=REPO, env=bench_env(),
                               check=True, capture_output=True, text=True)
@@ -81,14 +82,15 @@ def plain(kind: str, steps: int, warm: int, sets: list[str]) -> float:
     return recs[0]["global_batch"] * recs[0]["timed_steps"] / wall
 
 
-def measure(name: str, sets: list[str], steps: int, warm: int, repeats: int) -> dict[str, list[float]]:
+def measure(name: str, sets: list[str], steps: int, warm: int, repeats: int,
+            cpu_bind: str = "none") -> dict[str, list[float]]:
     """Ratios twinbench / plain per backend, every repeat interleaved across backends and sides."""
     ratios: dict[str, list[float]] = {kind: [] for kind in backends.names()}
     for i in range(repeats):
         for kind in backends.names():
             # alternate which side goes first: drifts of the machine hit both sides alike
             order = (twinbench, plain) if i % 2 == 0 else (plain, twinbench)
-            got = {f.__name__: f(kind, steps, warm, sets) for f in order}
+            got = {f.__name__: f(kind, steps, warm, sets, cpu_bind) for f in order}
             ratios[kind].append(got["twinbench"] / got["plain"])
             print(f"{name} {kind} repeat {i + 1}: twinbench {got['twinbench']:9.1f} img/s, plain "
                   f"{got['plain']:9.1f} img/s, ratio {ratios[kind][-1]:.3f}", flush=True)
@@ -113,6 +115,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=0, help="training steps per run (default: the preset's)")
     p.add_argument("--warmup", type=int, default=-1, help="untimed first steps (default: the preset's)")
     p.add_argument("--set", action="append", default=[], dest="sets", help="extra job override key=value")
+    p.add_argument("--cpu-bind", choices=CPU_BIND, default="none",
+                   help="--cpu-bind for both sides (default none, twinbench's default)")
     a = p.parse_args()
     names = [n for n in a.preset.split(",") if n]
     unknown = [n for n in names if n not in PRESETS]
@@ -123,9 +127,9 @@ def main() -> int:
         pre = PRESETS[name]
         steps, warm = a.steps or pre.steps, pre.warmup if a.warmup < 0 else a.warmup
         sets = [*pre.sets, *a.sets]
-        print(f"{name}: jobs/smoke.toml {' '.join(sets)}, {steps} steps ({warm} untimed), custom loop, 2 workers",
-              flush=True)
-        summarize(name, measure(name, sets, steps, warm, a.repeats))
+        print(f"{name}: jobs/smoke.toml {' '.join(sets)}, {steps} steps ({warm} untimed), custom loop, 2 workers, "
+              f"--cpu-bind {a.cpu_bind}", flush=True)
+        summarize(name, measure(name, sets, steps, warm, a.repeats, a.cpu_bind))
     return 0
 
 

@@ -1,9 +1,10 @@
 """Minimal hand-written data-parallel loops, the baseline twinbench's overhead is measured against.
 
-``python -m bench.plain_loops native|horovod STEPS WARMUP [--job FILE] [--set key=value ...]``: the job's model,
-optimizer, LR and per-replica batch (built with twinbench's own model/optimizer factories, which are not overhead)
-on the job's own input pipeline (``common.data.make_train_dataset``, the exact sharding both backends use: the data
-is the job's, not the harness', so the ratio isolates what twinbench adds around the step), trained by the
+``python -m bench.plain_loops native|horovod STEPS WARMUP [--job FILE] [--set key=value ...] [--cpu-bind cores]``:
+the job's model, optimizer, LR and per-replica batch (built with twinbench's own model/optimizer factories, which
+are not overhead), bound and threaded as twinbench would (``configure_threads``), on the job's own input pipeline
+(``common.data.make_train_dataset``, the exact sharding both backends use: the data is the job's, not the
+harness', so the ratio isolates what twinbench adds around the step), trained by the
 IDRIS-page MWMS custom loop (native, TF_CONFIG; datasets from a function, as twinbench) or a plain Horovod
 DistributedGradientTape loop (under horovodrun). No host sync, no recording: what a user would write. Each rank
 prints one JSON line with its wall time over the timed steps. ``PLAIN_SYNC=1`` reads the loss after every step, to
@@ -20,6 +21,7 @@ import time
 from typing import Any
 
 import backends
+from backends.base import CPU_BIND
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -88,6 +90,7 @@ def main() -> int:
     p.add_argument("warmup", type=int)
     p.add_argument("--job", default="jobs/smoke.toml")
     p.add_argument("--set", action="append", default=[], dest="sets")
+    p.add_argument("--cpu-bind", choices=CPU_BIND, default="none", help="as twinbench's --cpu-bind (default none)")
     a = p.parse_args()
     from common.job import load_job
 
@@ -97,11 +100,18 @@ def main() -> int:
 
     from backends.base import configure_threads
 
-    configure_threads(2, 0)  # the thread budget twinbench gives each of 2 local ranks, before the runtime starts
     if kind == "horovod":
         import horovod.tensorflow as hvd
 
         hvd.init()
+        local_rank, local_size = hvd.local_rank(), hvd.local_size()
+    else:
+        from backends.native_cluster import local_place
+
+        local_rank, local_size = local_place()
+    # the thread budget (and binding) twinbench gives each local rank, before the runtime starts
+    configure_threads(local_size, 0, local_rank, a.cpu_bind)
+    if kind == "horovod":
         rank, size = hvd.rank(), hvd.size()
     else:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()  # before any other op, from TF_CONFIG

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from backends.base import CPU_BIND
 from common import netif
 from common import reliability as rel
 from common.errors import UsageError, fail
@@ -36,6 +37,10 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     p.add_argument("--results", default="results", help="directory for the run's results JSON (default: results)")
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads per process (default 0 = cores / processes on this host)")
+    p.add_argument("--cpu-bind", choices=CPU_BIND, default="none",
+                   help="none (default): processes run where the launcher put them; cores: local ranks no launcher "
+                        "bound (horovodrun --gloo, --nproc) each bind to their own share of the cores, like srun "
+                        "--cpu-bind=cores (the record says who bound what)")
     p.add_argument("--quiet", action="store_true", help="no progress output (results are still written)")
     p.add_argument("--iface", default=os.environ.get("TWINBENCH_IFACE") or None, metavar="NAME",
                    help="data network interface for every launcher: Gloo, Open MPI, NCCL, and the addresses MWMS "

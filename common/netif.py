@@ -154,4 +154,6 @@ def topology(everyone: list[Mapping[str, Any]]) -> dict[str, Any]:
         "local_rank": [r["local_rank"] for r in everyone],
         "local_size": [r["local_size"] for r in everyone],
         "cross_size": sum(1 for r in everyone if r["local_rank"] == chief_local),
+        "cpus": [r.get("cpus") for r in everyone],  # each rank's CPU mask once bound (None: not recorded)
+        "cpu_bind": [r.get("cpu_bind") for r in everyone],  # "self" (--cpu-bind auto), "launcher" or "none"
     }

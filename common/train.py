@@ -176,8 +176,11 @@ def start_watchdog(backend: Backend, opts: RunOptions) -> tuple[rel.Heartbeat | 
     if backend.num_workers == 1:
         return None, None
     heartbeat = rel.Heartbeat()
-    peers = backend.allgather({"rank": backend.rank, "host": res.hostname(), "port": heartbeat.port,
-                               "pid": os.getpid()})
+    # Probed at the --iface address when one was chosen: the data network, whose loss is what hangs collectives
+    # (a host name may resolve to a management network that stays up).
+    address = netif.own_endpoint(opts.iface)["address"] if opts.iface else None
+    peers = backend.allgather({"rank": backend.rank, "host": res.hostname(), "address": address,
+                               "port": heartbeat.port, "pid": os.getpid()})
     return heartbeat, rel.Watchdog(backend.rank, peers, opts.peer_timeout, opts.stall_timeout).start()
 
 
@@ -249,6 +252,7 @@ def gather(backend: Backend, built: Built, hooks: StepHooks, opts: RunOptions,
         "host": res.hostname(),
         "local_rank": backend.info.local_rank,
         "local_size": backend.info.local_size,
+        "cpus": list(backend.info.cpus), "cpu_bind": backend.info.cpu_bind,  # --cpu-bind: where it ran, who bound it
         "endpoint": netif.own_endpoint(opts.iface),  # the interface and address this rank's peers reach it at
         "device": backend.info.device,
         "clock_marks": hooks.clock_marks(),

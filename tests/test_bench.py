@@ -64,9 +64,10 @@ def test_allreduce_bench_two_ranks(tmp_path, kind):
 @pytest.mark.distributed
 def test_overhead_benchmark_runs_both_backends():
     """bench/overhead.py is a benchmark, not a timed test: this only checks that it runs and prints its figures
-    (both plain loops and both twinbench runs finish, ratios are finite), so it does not rot unnoticed."""
-    proc = run([PY, "-m", "bench.overhead", "--preset", "smoke", "--repeats", "1", "--steps", "30", "--warmup", "5"],
-               timeout=600)
+    (both plain loops and both twinbench runs finish, ratios are finite), so it does not rot unnoticed; with the
+    ranks bound, the path that needs both sides bound alike."""
+    proc = run([PY, "-m", "bench.overhead", "--preset", "smoke", "--repeats", "1", "--steps", "30", "--warmup", "5",
+                "--cpu-bind", "cores"], timeout=600)
     ratios = {}
     for line in proc.stdout.splitlines():
         if "median ratio twinbench/plain" in line:
@@ -75,3 +76,15 @@ def test_overhead_benchmark_runs_both_backends():
     # Sanity only (a broken run gives 0, inf or an exception); the >= 0.98 target is judged by reading the figures.
     assert all(0.2 < r < 5 for r in ratios.values()), ratios
     assert "smoke: tax difference native - horovod" in proc.stdout
+
+
+def test_step_extras_benchmark_prints_three_variants():
+    """bench/step_extras.py runs and prints a finite time per step for each variant (figures are read, not
+    asserted); bad sizes are exit 2 before TensorFlow."""
+    proc = run([PY, "-m", "bench.step_extras", "--steps", "5", "--repeats", "2"], timeout=300)
+    rows = {line.split(":")[0]: float(line.split(":")[1].split()[0]) for line in proc.stdout.splitlines()
+            if " us/step median " in line}
+    assert set(rows) == {"plain", "+input clock", "+all"}, proc.stdout
+    assert all(0 < v < 1e6 for v in rows.values()), rows
+    bad = run([PY, "-m", "bench.step_extras", "--steps", "0"], check=False)
+    assert bad.returncode == 2 and "must be >= 1" in bad.stderr

@@ -143,7 +143,12 @@ def test_placement_and_network_recorded(emu, result, name):
     r = result(name)
     assert r["world_size"] == r["num_workers"] == 4 and r["weights_consistent"]
     assert r["hosts"] == HOSTS
-    assert r["topology"] == {"hosts": HOSTS, "local_rank": [0, 1, 0, 1], "local_size": [2] * 4, "cross_size": 2}
+    topo = r["topology"]
+    assert {k: topo[k] for k in ("hosts", "local_rank", "local_size", "cross_size")} == {
+        "hosts": HOSTS, "local_rank": [0, 1, 0, 1], "local_size": [2] * 4, "cross_size": 2}
+    # the binding is recorded: no launcher here binds (srun with task/none, horovodrun, mpirun --bind-to none,
+    # TF_CONFIG) and no --cpu-bind was given, so each rank kept its node's whole mask
+    assert topo["cpu_bind"] == ["none"] * 4 and topo["cpus"][0] == topo["cpus"][1], topo
     if r["backend"] == "horovod":  # Horovod's own view agrees
         assert (r["backend_info"]["local_size"], r["backend_info"]["cross_size"]) == (2, 2)
     iface = LAUNCHERS[name][1]
@@ -197,10 +202,14 @@ def test_same_losses_by_every_launcher_and_backend(result):
 # -- the allreduce benchmark and the scaling model against a link of known rate -----------------------------------
 BIG_GRADIENTS = ["--set", "mlp_hidden=[1024]", "--set", "steps=40"]  # 814,090 parameters: 3.3 MB per allreduce
 # Relative error allowed between the model's 2-node step and the measured one. native: the issue's 15% target.
-# Horovod: its MPI allreduce benchmark runs at 63-100% of the shaped wire from one run to the next (not understood
-# yet, README "Against a link of known rate"), and the model inherits that swing (-15% to +34% seen): held only to
-# 50%, which still catches a unit or formula error (a factor of 2 or more).
-MODEL_TOLERANCE = {"native": 0.15, "horovod": 0.50}
+# Horovod: its benchmark now runs at the wire (below), yet its 2-node training step came out 16-20% above the model
+# in three runs (165-175 ms measured, 138-141 predicted): per-step cost beyond the allreduce, not isolated yet
+# (README). Held to 30% (margin for this machine's noise), which a unit or formula error (a factor of 2) still fails.
+MODEL_TOLERANCE = {"native": 0.15, "horovod": 0.30}
+# Open MPI's default allreduce for these sizes ran at 54-100% of the shaped wire from one run to the next (as did
+# the ring algorithm forced), recursive doubling at 92-100% (Gloo: 96-99%): README "Against a link of known rate".
+# The benchmark and the run both use it, as a user following README would.
+HOROVOD_MPI_ENV = ["OMPI_MCA_coll_tuned_use_dynamic_rules=1", "OMPI_MCA_coll_tuned_allreduce_algorithm=3"]
 
 
 def _model_vs_measured(out: Path) -> tuple[float, float]:
@@ -218,7 +227,8 @@ def _shaped_runs(emu: Emulated, kind: str, out: Path) -> str:
     """In ``out``: the allreduce benchmark and the job at 2 ranks across the nodes (1 per node), and the job on
     one worker; returns the srun output of the benchmark."""
     mpi = ["--mpi=pmix"] if kind == "horovod" else []
-    srun = ["srun", IMMEDIATE, "--kill-on-bad-exit=1", *mpi, "-N2", "-n2", PY, "-m", f"backends.{kind}",
+    env = ["env", *HOROVOD_MPI_ENV] if kind == "horovod" else []  # srun passes its environment on to the ranks
+    srun = [*env, "srun", IMMEDIATE, "--kill-on-bad-exit=1", *mpi, "-N2", "-n2", PY, "-m", f"backends.{kind}",
             "--results", str(out), "--iface", IFACE]
     bench = emu.run("login", *srun, "--bench", "allreduce", "--sizes", "1M,2M,4M", "--iters", "10", "--warmup-iters",
                     "2", timeout=JOB_TIMEOUT)
@@ -232,7 +242,8 @@ def test_shaped_link_busbw_share_and_scaling_model(emu, tmp_path):
     """Every node's egress shaped to 200 Mbit/s: twinbench's own point-to-point probe sees that rate, each
     backend's allreduce bus bandwidth is reported as a share of it (1 rank per node: every byte crosses the link),
     and the report's scaling model (common.scaling), fitted from the 1-worker run and the benchmark, predicts the
-    2-node step time of a job allreducing 3.3 MB per step (native within 15%; Horovod: MODEL_TOLERANCE)."""
+    2-node step time of a job allreducing 3.3 MB per step (native within 15%, Horovod MODEL_TOLERANCE; Horovod
+    over MPI with recursive doubling: HOROVOD_MPI_ENV)."""
     outputs = {}
     emu.sh("shape", "200mbit")
     try:
@@ -249,7 +260,7 @@ def test_shaped_link_busbw_share_and_scaling_model(emu, tmp_path):
         big = r["rows"][-1]
         share = big["busbw_pct_of_link"]
         assert share == pytest.approx(100 * big["busbw_GBps"] * 1e9 / link["bytes_per_s"])
-        assert 10 < share < 110, f"{kind}: busbw {share:.0f}% of the link"
+        assert 75 < share < 110, f"{kind}: busbw {share:.0f}% of the link"  # 88-100% measured (README)
         predicted, measured = _model_vs_measured(tmp_path / kind)
         print(f"{kind}: link {link['bytes_per_s'] / 1e6:.1f} MB/s, busbw at 4 MiB {big['busbw_GBps'] * 1e3:.1f} "
               f"MB/s = {share:.0f}%; 2-node step {measured * 1e3:.1f} ms measured, {predicted * 1e3:.1f} ms "

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from backends import horovod, native_cluster
+from backends.base import cpu_share
 from common import netif
 from common.errors import UsageError
 from tests.conftest import REPO, base_env, only_result, run
@@ -130,13 +131,32 @@ def test_horovodrun_command_names_the_interface_for_remote_hosts(clean_env):
 
 
 def test_topology_and_network_records():
-    everyone = [{"host": h, "local_rank": lr, "local_size": 2, "endpoint": {"interface": "tb0", "address": a}}
+    everyone = [{"host": h, "local_rank": lr, "local_size": 2, "endpoint": {"interface": "tb0", "address": a},
+                 "cpus": [lr], "cpu_bind": "self"}
                 for h, lr, a in (("n1", 0, "10.0.0.1"), ("n1", 1, "10.0.0.1"), ("n2", 0, "10.0.0.2"),
                                  ("n2", 1, "10.0.0.2"))]
     assert netif.topology(everyone) == {"hosts": ["n1", "n1", "n2", "n2"], "local_rank": [0, 1, 0, 1],
-                                        "local_size": [2, 2, 2, 2], "cross_size": 2}
+                                        "local_size": [2, 2, 2, 2], "cross_size": 2,
+                                        "cpus": [[0], [1], [0], [1]], "cpu_bind": ["self"] * 4}
     net = netif.network("tb0", everyone)
     assert net["interface"] == "tb0" and net["addresses"] == ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"]
+
+
+def test_watchdog_probes_the_interface_address_not_the_host_name():
+    """With --iface the watchdog reaches peers at their data address: a host name that does not resolve (or points
+    at another network) must not make a live peer look lost, and without an address the host name is used."""
+    from common import reliability as rel
+
+    beat = rel.Heartbeat()
+    try:
+        live = {"rank": 1, "port": beat.port, "pid": 1}
+        by_address = rel.Watchdog(0, [{**live, "host": "no-such-node.invalid", "address": "127.0.0.1"}])
+        assert by_address.lost_peers() == []
+        by_name = rel.Watchdog(0, [{**live, "host": "no-such-node.invalid", "address": None}])
+        assert [p["rank"] for p in by_name.lost_peers()] == [1]
+        assert rel.Watchdog(0, [{**live, "host": "127.0.0.1", "address": None}]).lost_peers() == []
+    finally:
+        beat.close()
 
 
 @pytest.mark.parametrize("module", ["backends.native", "backends.horovod"])
@@ -165,13 +185,19 @@ def test_two_local_ranks_record_interface_addresses_and_topology(kind, tmp_path)
     import backends
 
     cmd = backends.load(kind).local_command(2, ["--results", str(tmp_path), "--quiet", "--iface", "lo",
-                                                "--set", "steps=4"], python=sys.executable)
+                                                "--cpu-bind", "cores", "--set", "steps=4"], python=sys.executable)
     run(cmd)
     r = only_result(tmp_path)
     assert r["network"] == {"interface": "lo", "source": "--iface", "addresses": ["127.0.0.1"] * 2,
                             "interfaces": ["lo", "lo"]}
     host = socket.gethostname()
-    assert r["topology"] == {"hosts": [host, host], "local_rank": [0, 1], "local_size": [2, 2], "cross_size": 1}
+    topo = r["topology"]
+    assert {k: topo[k] for k in ("hosts", "local_rank", "local_size", "cross_size")} == {
+        "hosts": [host, host], "local_rank": [0, 1], "local_size": [2, 2], "cross_size": 1}
+    # --cpu-bind cores: neither launcher binds, so each rank took its own share of this host's CPUs
+    mine = sorted(os.sched_getaffinity(0))
+    assert topo["cpu_bind"] == ["self", "self"]
+    assert topo["cpus"] == [cpu_share(i, 2, mine) for i in range(2)], topo
     if kind == "native":
         assert r["backend_info"]["cluster"]["workers"][0].startswith("127.0.0.1:")
     else:

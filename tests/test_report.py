@@ -444,3 +444,25 @@ def test_required_fields_come_from_run_record(tmp_path: Path, capsys: pytest.Cap
     # a field RunRecord starts requiring is required by the report at once
     monkeypatch.setitem(results.REQUIRED, "gradient_bytes", (int,))
     assert report.load_runs(d, warn=lambda _m: None) == []
+
+
+def test_mixed_cpu_binding_is_said_in_the_report(tmp_path: Path) -> None:
+    """Runs of one job bound differently (topology.cpu_bind) get a line saying so; runs bound alike (or all from
+    before the record) get none."""
+    from common.report.render import binding_mix
+
+    def bound(how: str, ws: int = 2) -> dict[str, Any]:
+        return {"topology": {"cpu_bind": [how] * ws}}
+
+    d = tmp_path / "results"
+    put(d, make_run("native", 2, 200.0, **bound("self")))
+    put(d, make_run("horovod", 2, 190.0, **bound("none")))
+    out = tmp_path / "out"
+    assert report.main([str(d), "--out", str(out), "--no-plots", "-q"]) == 0
+    line = [x for x in (out / "report.md").read_text().splitlines() if "Mixed CPU binding" in x]
+    assert len(line) == 1 and "horovod: none; native: self" in line[0], line
+    assert binding_mix([make_run("native", 2, 1.0, **bound("none")), make_run("horovod", 2, 1.0, **bound("none"))]) \
+        is None
+    assert binding_mix([make_run("native", 1, 1.0), make_run("horovod", 1, 1.0)]) is None  # no record: no claim
+    assert binding_mix([make_run("native", 2, 1.0, **bound("self")), make_run("native", 2, 1.0)]) == \
+        "native: self, unknown"

@@ -109,6 +109,18 @@ def _rank_strings(runs: Sequence[Mapping[str, Any]], key: str) -> list[str]:
     return out
 
 
+def binding_mix(runs: list[dict[str, Any]]) -> str | None:
+    """"native: self; horovod: none" when a job's runs were bound differently (``topology.cpu_bind``: who bound
+    each rank), else None; runs that predate the record count as "unknown"."""
+    seen: dict[str, set[str]] = {}
+    for r in runs:
+        how = (r.get("topology") or {}).get("cpu_bind") or ["unknown"]
+        seen.setdefault(str(r.get("backend")), set()).update(str(x) for x in how)
+    if len({frozenset(v) for v in seen.values()}) <= 1 and all(len(v) == 1 for v in seen.values()):
+        return None
+    return "; ".join(f"{b}: {', '.join(sorted(v))}" for b, v in sorted(seen.items()))
+
+
 def _head(s: JobSummary, h: str) -> list[str]:
     """Title, key job fields, the version-mix line if any, and the two tables."""
     lines = [f"{h} Job `{md_escape(s.name)}` — hash `{s.job_hash}`", ""]
@@ -120,6 +132,10 @@ def _head(s: JobSummary, h: str) -> list[str]:
     if s.version_mix:
         lines += [f"**Mixed software versions** (compared anyway, --allow-mixed-versions): "
                   f"{md_escape('; '.join(s.version_mix))}.", ""]
+    mix = binding_mix(s.runs)
+    if mix:
+        lines += [f"**Mixed CPU binding**: {md_escape(mix)}. Binding alone moved a backend's throughput by 8-43% "
+                  "on the CPU machine of README's \"CPU binding\": compare runs bound alike.", ""]
     return lines + [f"{h}# Scaling", "", format_table(s), "",
                     f"{h}# {RATIO_NUM} / {RATIO_DEN} throughput", "", format_ratio_table(s), ""]
 
