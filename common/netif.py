@@ -135,6 +135,13 @@ def own_endpoint(iface: str | None) -> dict[str, str | None]:
     return {"interface": None, "address": address}
 
 
+def reach_address(iface: str | None) -> str:
+    """Where this rank's peers connect to it (watchdog heartbeat, link probe): its address on ``iface``, the data
+    network, when one was chosen; else its host name (a name may resolve to a management network that stays up
+    while the data network is cut)."""
+    return str(ipv4(iface).ip) if iface else socket.gethostname()
+
+
 def network(iface: str | None, everyone: list[Mapping[str, Any]]) -> dict[str, Any]:
     """RunRecord.network from every rank's ``own_endpoint`` (in rank order)."""
     return {
@@ -155,5 +162,5 @@ def topology(everyone: list[Mapping[str, Any]]) -> dict[str, Any]:
         "local_size": [r["local_size"] for r in everyone],
         "cross_size": sum(1 for r in everyone if r["local_rank"] == chief_local),
         "cpus": [r.get("cpus") for r in everyone],  # each rank's CPU mask once bound (None: not recorded)
-        "cpu_bind": [r.get("cpu_bind") for r in everyone],  # "self" (--cpu-bind auto), "launcher" or "none"
+        "cpu_bind": [r.get("cpu_bind") for r in everyone],  # "self" (--cpu-bind cores), "launcher" or "none"
     }

@@ -38,8 +38,7 @@ def probe(backend: Backend, iface: str | None = None, seconds: float = PROBE_SEC
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("0.0.0.0", 0))
         server.listen(1)  # before the allgather: the sender's connect then always finds it listening
-        address = netif.own_endpoint(iface)["address"] if iface else res.hostname()
-        peers = backend.allgather({"rank": backend.rank, "host": res.hostname(), "address": address,
+        peers = backend.allgather({"rank": backend.rank, "host": res.hostname(), "address": netif.reach_address(iface),
                                    "port": server.getsockname()[1]})
         src, dst = pick_pair(peers)
         mine: dict[str, Any] | None = None

@@ -78,8 +78,8 @@ class Watchdog:
 
     def _probe(self, peer: dict[str, Any]) -> bool:
         try:
-            target = peer.get("address") or peer["host"]  # the --iface address, else the host name
-            with socket.create_connection((target, peer["port"]), timeout=min(5.0, self.peer_timeout)):
+            # "address": netif.reach_address, the data network's address when --iface chose one
+            with socket.create_connection((peer["address"], peer["port"]), timeout=min(5.0, self.peer_timeout)):
                 return True
         except OSError:
             return False

@@ -176,10 +176,7 @@ def start_watchdog(backend: Backend, opts: RunOptions) -> tuple[rel.Heartbeat | 
     if backend.num_workers == 1:
         return None, None
     heartbeat = rel.Heartbeat()
-    # Probed at the --iface address when one was chosen: the data network, whose loss is what hangs collectives
-    # (a host name may resolve to a management network that stays up).
-    address = netif.own_endpoint(opts.iface)["address"] if opts.iface else None
-    peers = backend.allgather({"rank": backend.rank, "host": res.hostname(), "address": address,
+    peers = backend.allgather({"rank": backend.rank, "host": res.hostname(), "address": netif.reach_address(opts.iface),
                                "port": heartbeat.port, "pid": os.getpid()})
     return heartbeat, rel.Watchdog(backend.rank, peers, opts.peer_timeout, opts.stall_timeout).start()
 
