@@ -10,6 +10,7 @@ absence is a failure, not a skip.
 from __future__ import annotations
 
 import errno
+import os
 import re
 import socket
 import subprocess
@@ -172,6 +173,49 @@ def test_shape_limits_every_link(emu):
     assert 0.4 < half / shaped < 0.6, f"100mbit: {half:.0f} Mbit/s vs 200mbit: {shaped:.0f} Mbit/s"
     back = _throughput(emu)
     assert back > 2 * shaped, f"after shape off: {back:.0f} Mbit/s"
+
+
+def _allowed(emu: Emulated, how: str) -> dict[str, str]:
+    """Host -> the CPUs a process started there may use: by srun (a job step under slurmd), over ssh from the
+    login node (a session under sshd) and by ``run`` on the node."""
+    show = "echo $(hostname) $(grep Cpus_allowed_list /proc/self/status | cut -f2)"
+    if how == "srun":
+        out = emu.run("login", "srun", IMMEDIATE, "-N2", "-n2", "bash", "-c", show).stdout
+    elif how == "ssh":
+        out = "".join(emu.run("login", "ssh", node, show, timeout=30).stdout for node in NODES)
+    else:
+        out = "".join(emu.run(node, "bash", "-c", show).stdout for node in NODES)
+    return dict(line.split() for line in out.strip().split("\n"))
+
+
+def test_cpus_split_gives_each_node_its_own_share(emu):
+    """`cpus split`: every way a process gets onto a node (srun, ssh, run) puts it on that node's own CPUs, the
+    nodes' shares are disjoint when the host has a CPU per node; `cpus shared` gives all of them back."""
+    host = sorted(os.sched_getaffinity(0))
+    try:
+        emu.sh("cpus", "split")
+        split = {how: _allowed(emu, how) for how in ("srun", "ssh", "run")}
+        assert "cpus split" in emu.sh("status").stdout
+    finally:
+        emu.sh("cpus", "shared")
+    for how, got in split.items():
+        assert sorted(got) == NODES and got == split["run"], f"{how}: {got} (run: {split['run']})"
+    shares = [set(_cpu_list(split["run"][node])) for node in NODES]
+    if len(host) >= len(NODES):
+        assert not shares[0] & shares[1], f"node CPUs overlap: {split['run']}"
+        assert all(len(s) == len(host) // len(NODES) for s in shares), split["run"]
+    assert set().union(*shares) <= set(host)
+    for how in ("srun", "run"):
+        assert all(_cpu_list(c) == host for c in _allowed(emu, how).values()), f"after shared ({how})"
+
+
+def _cpu_list(text: str) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5]"""
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out.extend(range(int(a), int(b or a) + 1))
+    return out
 
 
 def test_cut_and_heal(emu):

@@ -10,6 +10,7 @@ One cluster per module; each run once per module (TensorFlow processes are slow 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -201,16 +202,17 @@ def test_same_losses_by_every_launcher_and_backend(result):
 
 # -- the allreduce benchmark and the scaling model against a link of known rate -----------------------------------
 BIG_GRADIENTS = ["--set", "mlp_hidden=[1024]", "--set", "steps=40"]  # 814,090 parameters: 3.3 MB per allreduce
-# Relative error allowed between the model's 2-node step and the measured one. native: the issue's 15% target.
-# Horovod: its step is bimodal from run to run on this link, 150-155 ms in two runs and 165-189 ms in five against
-# 138-141 ms predicted (README "Against a link of known rate"), so it is held to 40%, which a unit or formula
-# error (a factor of 2) still fails. The runs sync every step (PER_STEP): the median is one of single steps, not of
-# the two 25-step windows a 40-step run has.
-MODEL_TOLERANCE = {"native": 0.15, "horovod": 0.40}
+# Relative error allowed between the model's 2-node step and the measured one: the issue's 15% target, for both.
+# The shaped runs give each emulated node its own CPU (`cluster.sh cpus split`), as separate machines have: with
+# the two nodes sharing the 2 cores, Open MPI's busy-polling inside each collective took CPU from the other node
+# and from the kernel's packet path, and Horovod's step (recursive doubling) came out at 159-239 ms in four runs,
+# single steps at 2x the wire, against 141.6-143.8 ms on a core per node (138-141 ms predicted; README "Against a
+# link of known rate"). The runs sync every step (PER_STEP): the median is one of single steps.
+MODEL_TOLERANCE = 0.15
 PER_STEP = ["--set", "sync_every_steps=1"]
-# Open MPI's default allreduce for these sizes ran at 54-100% of the shaped wire from one run to the next (as did
-# the ring algorithm forced), recursive doubling at 92-100% (Gloo: 96-99%): README "Against a link of known rate".
-# The benchmark and the run both use it, as a user following README would.
+# Open MPI's default allreduce for these sizes ran at 51-100% of the shaped wire from one run to the next (as did
+# the ring algorithm forced), with or without a core per node; recursive doubling at 92-100% (Gloo: 96-99%): README
+# "Against a link of known rate". The benchmark and the run both use it, as a user following README would.
 HOROVOD_MPI_ENV = ["OMPI_MCA_coll_tuned_use_dynamic_rules=1", "OMPI_MCA_coll_tuned_allreduce_algorithm=3"]
 
 
@@ -244,14 +246,16 @@ def test_shaped_link_busbw_share_and_scaling_model(emu, tmp_path):
     """Every node's egress shaped to 200 Mbit/s: twinbench's own point-to-point probe sees that rate, each
     backend's allreduce bus bandwidth is reported as a share of it (1 rank per node: every byte crosses the link),
     and the report's scaling model (common.scaling), fitted from the 1-worker run and the benchmark, predicts the
-    2-node step time of a job allreducing 3.3 MB per step (native within 15%, Horovod MODEL_TOLERANCE; Horovod
-    over MPI with recursive doubling: HOROVOD_MPI_ENV)."""
+    2-node step time of a job allreducing 3.3 MB per step within 15% (Horovod over MPI with recursive doubling:
+    HOROVOD_MPI_ENV); every node on its own CPU, as separate machines (MODEL_TOLERANCE)."""
     outputs = {}
     emu.sh("shape", "200mbit")
+    emu.sh("cpus", "split")
     try:
         for kind in ("native", "horovod"):
             outputs[kind] = _shaped_runs(emu, kind, tmp_path / kind)
     finally:
+        emu.sh("cpus", "shared")
         emu.sh("shape", "off")
     for kind, stdout in outputs.items():
         assert "% of it" in stdout, stdout[-2000:]
@@ -264,10 +268,13 @@ def test_shaped_link_busbw_share_and_scaling_model(emu, tmp_path):
         assert share == pytest.approx(100 * big["busbw_GBps"] * 1e9 / link["bytes_per_s"])
         assert 75 < share < 110, f"{kind}: busbw {share:.0f}% of the link"  # 88-100% measured (README)
         predicted, measured = _model_vs_measured(tmp_path / kind)
+        two = json.loads(next((tmp_path / kind).glob("*-fit-n2-*.json")).read_text())
+        if len(os.sched_getaffinity(0)) >= 2:  # the ranks ran on their own node's CPU (cpus split reached them)
+            assert not set(two["topology"]["cpus"][0]) & set(two["topology"]["cpus"][1]), two["topology"]
         print(f"{kind}: link {link['bytes_per_s'] / 1e6:.1f} MB/s, busbw at 4 MiB {big['busbw_GBps'] * 1e3:.1f} "
               f"MB/s = {share:.0f}%; 2-node step {measured * 1e3:.1f} ms measured, {predicted * 1e3:.1f} ms "
               "predicted")
-        assert abs(predicted - measured) <= MODEL_TOLERANCE[kind] * measured, \
+        assert abs(predicted - measured) <= MODEL_TOLERANCE * measured, \
             f"{kind}: predicted {predicted} s, measured {measured} s"
 
 

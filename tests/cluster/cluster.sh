@@ -8,6 +8,7 @@
 #   tests/cluster/cluster.sh run DIR node1|...|login CMD...   # CMD inside that namespace (SLURM_CONF set)
 #   tests/cluster/cluster.sh shape DIR RATE|off               # tbf on every node's egress, e.g. 200mbit
 #   tests/cluster/cluster.sh cut DIR nodeK / heal DIR nodeK   # unplug / replug nodeK's link (heal re-registers it)
+#   tests/cluster/cluster.sh cpus DIR split|shared            # each node on its own share of the host's CPUs, or not
 #   tests/cluster/cluster.sh status DIR
 #   tests/cluster/cluster.sh stop DIR                         # idempotent, also after a failed start
 #
@@ -16,6 +17,12 @@
 # namespace gets an `unreachable` route for the subnet: a client started there by mistake fails at once instead of
 # sending packets for the test subnet out along the default route. Namespaces are named tbX-login, tbX-sw,
 # tbX-node1...; a subnet whose names, routes or addresses exist already is never used.
+#
+# CPUs: by default every node runs on all of the host's CPUs ("shared"). `cpus split` gives node K its own share
+# (`taskset`, contiguous blocks; fewer CPUs than nodes: round robin), as separate machines have: it rebinds the
+# node's slurmd and sshd, whose children (job steps, ssh sessions) inherit the mask, and `run` on a node starts
+# its command there; processes already running keep theirs. Why it matters: a process that busy-polls (Open MPI
+# inside a collective) on one emulated node takes CPU from the other nodes and from the kernel's packet path.
 #
 # Slurm (Debian's 22.05): nodes advertise C CPUs (default 2, so `srun -N2 -n4` places 2 tasks per node; every node
 # shares the host's cores, and SlurmdParameters=config_overrides lets C exceed them) and G fake GPUs (default 2,
@@ -86,10 +93,23 @@ holder() {  # MEMBER: the PID of the process holding MEMBER's UTS and mount name
   [ -n "$pid" ] || die "$1 is not running (no live namespace holder; start the cluster, or stop and restart it)"
   echo "$pid"
 }
+host_cpus() {  # the CPUs this script may use (the host's, or what its own launcher left it), one per line
+  local part
+  for part in $(taskset -c -p $$ | sed 's/.*: //; s/,/ /g'); do seq "${part%-*}" "${part#*-}"; done
+}
+node_cpus() {  # nodeK: its share under `cpus split`, as a taskset list (K-1th contiguous block, or round robin)
+  local k=${1#node} cpus n per
+  mapfile -t cpus < <(host_cpus)
+  n=${#cpus[@]}
+  if [ "$n" -lt "$NODES" ]; then echo "${cpus[$(((k - 1) % n))]}"; return; fi
+  per=$((n / NODES))
+  local IFS=,; echo "${cpus[*]:$(((k - 1) * per)):$per}"
+}
 ns_cmd() {  # MEMBER: NSCMD=(the prefix that runs a command inside MEMBER's namespaces with the client environment)
-  local pid
+  local pid pin=()
   pid=$(holder "$1")
-  NSCMD=(nsenter --target "$pid" --net --uts --mount --wd="$(pwd -P)" --
+  if [ "$1" != login ] && [ "$(cat "$DIR/run/cpus" 2>/dev/null)" = split ]; then pin=(taskset -c "$(node_cpus "$1")"); fi
+  NSCMD=("${pin[@]}" nsenter --target "$pid" --net --uts --mount --wd="$(pwd -P)" --
          env SLURM_CONF="$DIR/etc/slurm.conf" TWINBENCH_CLUSTER_DIR="$DIR" TWINBENCH_CLUSTER_NODE="$1" HOSTNAME="$1")
 }
 in_ns() { ns_cmd "$1"; shift; "${NSCMD[@]}" "$@"; }
@@ -209,6 +229,7 @@ make_network() {
     ip -n "$ns" link set "$IFACE" up
   done
   echo 'off' >"$DIR/run/shape"
+  echo shared >"$DIR/run/cpus"
 }
 
 write_config() {  # CPUS GPUS
@@ -524,6 +545,24 @@ verb_shape() {  # DIR RATE|off
   log "every node's egress on $IFACE shaped to $rate (tbf, burst $burst bytes)"
 }
 
+verb_cpus() {  # DIR split|shared: every node on its own share of the CPUs, or all on all of them
+  [ $# = 2 ] || usage
+  load "$1"
+  local mode=$2 k m f pid list
+  case $mode in split | shared) ;; *) die "cpus takes split or shared, not '$mode'" ;; esac
+  for ((k = 1; k <= NODES; k++)); do
+    m=node$k
+    if [ "$mode" = split ]; then list=$(node_cpus "$m"); else list=$(host_cpus | paste -sd,); fi
+    for f in slurmd sshd; do
+      pid=$(live_pid "$DIR/pids/$m.$f.pid")
+      [ -n "$pid" ] || die "no live $f on $m"
+      taskset -a -c -p "$list" "$pid" >/dev/null  # -a: every thread of the daemon
+    done
+    log "$m: CPUs $list"
+  done
+  echo "$mode" >"$DIR/run/cpus"
+}
+
 verb_cut() {  # DIR NODE: the switch port goes down; the node keeps its address, packets to and from it are lost
   [ $# = 2 ] || usage
   load "$1"; check_member "$2" nodes
@@ -555,7 +594,7 @@ verb_status() {  # DIR: members, their processes and links, then Slurm's view; e
   [ $# = 1 ] || usage
   load "$1"
   local m f name pid state ok=0 line
-  echo "cluster $DIR: $NODES node(s), $NETBASE.0/24, interface $IFACE, shape $(cat "$DIR/run/shape" 2>/dev/null)"
+  echo "cluster $DIR: $NODES node(s), $NETBASE.0/24, interface $IFACE, shape $(cat "$DIR/run/shape" 2>/dev/null), cpus $(cat "$DIR/run/cpus" 2>/dev/null)"
   for m in $(members); do
     line="$m $(addr_of "$m")"
     for f in "$DIR/pids/$m".*.pid; do
@@ -575,7 +614,7 @@ verb_status() {  # DIR: members, their processes and links, then Slurm's view; e
 }
 
 case ${1:-} in
-  start | stop | shape | cut | heal | run | status) verb=$1; shift; "verb_$verb" "$@" ;;
+  start | stop | shape | cpus | cut | heal | run | status) verb=$1; shift; "verb_$verb" "$@" ;;
   _init) shift; init_member "$@" ;;
   *) usage ;;
 esac
