@@ -107,3 +107,26 @@ def test_signal_aid_fires_once_and_not_again_after_a_resume(monkeypatch):
     assert len(sent) == 1
     drive(monkeypatch, 12, 0.001, check=2, signal_at=3, start=4)
     assert len(sent) == 1
+
+
+def test_outside_clock_pairs_each_run_with_itself():
+    """bench.clock's arithmetic: a run that reports its true steady throughput reads 1.0 whatever its own speed,
+    up to the S1 runs' share of the difference (S1 / (S2 - S1) of their own drift); a clock that skipped a tenth of
+    the time between steps reads 1.1."""
+    from bench.clock import paired_ratios
+
+    gb, s1, s2, fixed = 32, 200, 2200, 3.0  # fixed: start-up, first step, gathering (s)
+
+    def dt(steps: int, step_s: float) -> float:
+        return fixed + steps * step_s
+
+    s1_dts = [dt(s1, 0.002), dt(s1, 0.002)]
+    same = [(gb / 0.002, dt(s2, 0.002))]
+    assert paired_ratios(gb, s1, s2, s1_dts, same) == pytest.approx([1.0], rel=1e-9)
+    steps = (0.0015, 0.0025)  # S2 runs 25% faster / slower than the S1 runs
+    got = paired_ratios(gb, s1, s2, s1_dts, [(gb / step, dt(s2, step)) for step in steps])
+    # the S1 steps are taken at the S1 runs' pace: off by S1 / (S2 - S1) x (0.002 / step - 1), 3.3% / 2% here
+    assert got == pytest.approx([1 - s1 / (s2 - s1) * (0.002 / step - 1) for step in steps], rel=1e-9)
+    assert all(abs(r - 1) < 0.035 for r in got)
+    skipping = [(gb / (0.9 * 0.002), dt(s2, 0.002))]  # reports 10% more than the stopwatch saw
+    assert paired_ratios(gb, s1, s2, s1_dts, skipping) == pytest.approx([1 / 0.9], rel=1e-9)
