@@ -130,3 +130,24 @@ def test_outside_clock_pairs_each_run_with_itself():
     assert all(abs(r - 1) < 0.035 for r in got)
     skipping = [(gb / (0.9 * 0.002), dt(s2, 0.002))]  # reports 10% more than the stopwatch saw
     assert paired_ratios(gb, s1, s2, s1_dts, skipping) == pytest.approx([1 / 0.9], rel=1e-9)
+
+
+def test_headline_is_printed_before_the_tensorboard_logs_are_written(tmp_path, monkeypatch, capsys):
+    """bench.clock stops its outside clock at the headline: writing the logs (about 0.3 ms per step, one eager
+    summary op each) comes after it, else the outside clock would charge it to the steps."""
+    from pathlib import Path
+
+    from common import observe, train
+    from common.runconfig import RunOptions
+    from tests.test_results import full_record
+
+    def finish(rec, results_dir, trace):
+        print("LOGS WRITTEN")
+        return rec
+
+    monkeypatch.setattr(observe, "finish", finish)
+    opts = RunOptions(t_process_start=0.0, command=("python",), results_dir=str(tmp_path), verbose=True)
+    resume = train.Resume(0, {}, Path(tmp_path / "ckpt"), Path(tmp_path / "ckpt"))
+    train.publish(full_record(), opts, resume)
+    out = capsys.readouterr().out
+    assert out.index(" images/s over ") < out.index("LOGS WRITTEN") < out.index("[twinbench] results:"), out
