@@ -41,8 +41,8 @@ class Preset:
 
 
 PRESETS = {
-    "smoke": Preset((), (200, 2200)),  # 1-3 ms steps
-    "real": Preset(REAL_WORK, (10, 60)),  # ~100 ms steps
+    "smoke": Preset((), (20, 2020)),  # 1-3 ms steps; S1 runs' drift weighs 1%
+    "real": Preset(REAL_WORK, (4, 64)),  # ~100 ms steps; 7%
 }
 
 
