@@ -20,7 +20,10 @@ from tests.conftest import PY, backend_cmd, first_divergence, run
 from tests.test_parity import RTOL
 
 KINDS = ("native", "horovod")
-HOST_TOLERANCE = 0.05  # the device-side parts must add up to the host's wall-clock step within 5%
+# The device-side parts must add up to the host's wall-clock step: over the smoke job's 10 timed steps of 2-4 ms,
+# one descheduling of a rank moves the ratio by several percent (99.8-100.2% in most runs, 5.7% and 7.0% off in two
+# Horovod runs on an idle machine); a phase left out of the sum would be off by more than this.
+HOST_TOLERANCE = 0.10
 JOB = {"name": "smoke", "mode": "ctl"}  # the synthetic records' job (every other field at its default)
 HASH = recompute_job_hash(JOB)
 
@@ -161,7 +164,7 @@ def test_two_worker_breakdown_is_measured_and_computes_the_same_math(runner, tmp
     assert len(rec.per_rank) == 2 and all(r["mean"]["comm"] > 0 for r in rec.per_rank)
     assert len(rec.per_rank_step_phases[0]) == rec.timed_steps
     assert 0 <= rec.wait <= rec.phases["comm"] and rec.slowest_rank in (0, 1)
-    # the parts are the device step, end to end; the host's wall clock over the same steps agrees within 5%
+    # the parts are the device step, end to end; the host's wall clock over the same steps agrees (HOST_TOLERANCE)
     assert sum(rec.phases.values()) == pytest.approx(rec.step_time, rel=1e-9)
     assert abs(rec.step_time / rec.host_step_time - 1) < HOST_TOLERANCE, (rec.step_time, rec.host_step_time)
     # same math as a normal custom-loop run of the same job (the parity tests' tolerance; in practice bit for bit)
