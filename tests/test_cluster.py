@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from horovod.runner.util.remote import get_ssh_command
 
+from backends.base import cpu_share
 from tests.cluster.emulated import CLUSTER, IMMEDIATE, NODES, Emulated, cluster, sh, start
 from tests.conftest import PY, REPO, base_env
 
@@ -200,13 +201,26 @@ def test_cpus_split_gives_each_node_its_own_share(emu):
         emu.sh("cpus", "shared")
     for how, got in split.items():
         assert sorted(got) == NODES and got == split["run"], f"{how}: {got} (run: {split['run']})"
-    shares = [set(_cpu_list(split["run"][node])) for node in NODES]
+    # the same shares a rank takes under --cpu-bind cores (backends.base.cpu_share), nodes for local ranks
+    assert [_cpu_list(split["run"][node]) for node in NODES] == [cpu_share(k, len(NODES), host) for k in range(2)]
     if len(host) >= len(NODES):
-        assert not shares[0] & shares[1], f"node CPUs overlap: {split['run']}"
-        assert all(len(s) == len(host) // len(NODES) for s in shares), split["run"]
-    assert set().union(*shares) <= set(host)
+        assert not set(_cpu_list(split["run"]["node1"])) & set(_cpu_list(split["run"]["node2"])), split["run"]
     for how in ("srun", "run"):
         assert all(_cpu_list(c) == host for c in _allowed(emu, how).values()), f"after shared ({how})"
+
+
+def test_cpus_split_with_more_nodes_than_cores_goes_round_robin(tmp_path):
+    """3 nodes: node K's CPUs are cpu_share(K-1, 3, host) (on 2 cores: node3 shares node1's)."""
+    gen = cluster(tmp_path / "c3", "--nodes", "3")
+    emu = next(gen)
+    try:
+        emu.sh("cpus", "split")
+        show = "grep Cpus_allowed_list /proc/self/status | cut -f2"
+        got = [_cpu_list(emu.run(f"node{k}", "bash", "-c", show).stdout.strip()) for k in (1, 2, 3)]
+    finally:
+        next(gen, None)
+    host = sorted(os.sched_getaffinity(0))
+    assert got == [cpu_share(k, 3, host) for k in range(3)], got
 
 
 def _cpu_list(text: str) -> list[int]:
