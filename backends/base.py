@@ -58,6 +58,61 @@ class BaseOptions:
     cpu_bind: str = "none"  # none: as launched; cores: local ranks a launcher left unbound take disjoint CPU shares
 
 
+@dataclass(frozen=True)
+class Collective:
+    """Which collective implementation a run asked for and which one ran (the record's ``collective``).
+
+    ``requested`` is the flag (native ``--comm auto|ring|nccl``; Horovod has no flag: "auto"), ``used`` what carried
+    the gradient all-reduce (native: "nccl" | "ring"; Horovod: "nccl" | "gloo" | "mpi"), ``reason`` one line why.
+    """
+
+    requested: str
+    used: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"requested": self.requested, "used": self.used, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tuning knob of a backend as it was in effect for a run (the record's ``tuning``).
+
+    Knobs are runtime choices (like the world size), not part of the job hash; runs whose knobs differ get report rows
+    of their own, labelled by ``label`` of each knob that is not at its ``default``.
+    """
+
+    name: str  # the record's key, e.g. "fusion_threshold_bytes"
+    value: Any  # in effect for this run (a number, bool or string; never "default")
+    default: Any  # the library's own default, as a value of the same kind
+    label: str  # how a report row names a non-default value, e.g. "fusion 32 MiB"
+
+    @property
+    def is_default(self) -> bool:
+        return self.value == self.default
+
+
+ENV_PREFIXES = ("NCCL_", "HOROVOD_", "OMPI_MCA_", "UCX_", "TF_")  # the variables that tune the collectives
+
+
+def comm_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Every variable of ``environ`` (default: this process's) that tunes a collective library, name -> value."""
+    environ = dict(os.environ) if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(ENV_PREFIXES)}
+
+
+def tuning_record(knobs: list[Knob], env: dict[str, str]) -> dict[str, Any]:
+    """The record's ``tuning`` block: every knob's value and default, the variant label (None when all knobs are at
+    their defaults) and the communication-library environment variables the rank saw (``env``)."""
+    changed = [k.label for k in knobs if not k.is_default]
+    return {
+        "knobs": {k.name: k.value for k in knobs},
+        "defaults": {k.name: k.default for k in knobs},
+        "variant": ", ".join(changed) if changed else None,
+        "env": dict(sorted(env.items())),
+    }
+
+
 class Backend(abc.ABC):
     name: ClassVar[str] = "?"
     _info: RankInfo | None = None
@@ -97,6 +152,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """What the results JSON records about the backend (strategy, collectives or controller, threads...)."""
+
+    def collective(self) -> Collective:
+        """The collective implementation requested and used (after ``setup``)."""
+        return Collective("auto", "n/a", "no collective")
+
+    def knobs(self) -> list[Knob]:
+        """The backend's tuning knobs in effect (after ``setup``), defaults included as their values."""
+        return []
 
     def gradient_bytes(self, trainable_params: int) -> int:
         """Bytes one replica puts into the gradient allreduce per step (float32; a backend compressing says so)."""

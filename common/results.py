@@ -88,6 +88,9 @@ class RunRecord:
     input: dict[str, Any] | None = None  # did the input pipeline keep up (time waiting for the next batch)
     network: dict[str, Any] | None = None  # the data interface and each rank's address the collectives used
     topology: dict[str, Any] | None = None  # hosts, local size per rank, cross size (the launcher's placement)
+    collective: dict[str, Any] | None = None  # Backend.collective(): requested, used, reason
+    tuning: dict[str, Any] | None = None  # base.tuning_record(): knobs in effect, defaults, variant label, env
+    machine: dict[str, Any] | None = None  # common.machine: CPU, GPUs, libraries, Slurm, network, memory
     artifacts: dict[str, Any] | None = None  # TensorBoard / profiler / timeline paths, relative to the results dir
 
     def to_dict(self) -> dict[str, Any]:

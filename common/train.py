@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.base import Backend
+from backends.base import Backend, comm_env, tuning_record
 from common import data as data_mod
 from common import inputwait, loops, netif, observe
 from common import reliability as rel
@@ -315,6 +315,8 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
         asynchronous=backend.uses_coordinator,  # parameter-server training: never in a parity claim
         input=inputwait.summarise([r["input"] for r in everyone], stats["per_rank_timed_wall"]),
         topology=netif.topology(everyone),
+        collective=backend.collective().to_dict(),
+        tuning=tuning_record(backend.knobs(), comm_env()),
     )
 
 
