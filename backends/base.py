@@ -172,6 +172,12 @@ class Backend(abc.ABC):
     def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
         """Per-rank input: ``dataset_fn(pipeline_index, num_pipelines, replicas_per_pipeline)``."""
 
+    @property
+    def input_path(self) -> str:
+        """How ``make_dataset`` feeds the steps (the record's ``input.path``): "per-worker" = this process's own
+        tf.data iterator, its tensors passed straight to the step; a backend feeding otherwise names its path."""
+        return "per-worker"
+
     def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
         return optimizer
 

@@ -14,6 +14,7 @@ import time
 T0 = time.time()  # process start, for time-to-first-step (TF import counts: users pay it too)
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -25,7 +26,9 @@ from backends import native_cluster  # noqa: E402
 from backends.base import (  # noqa: E402
     Backend,
     BaseOptions,
+    Collective,
     Diagnosis,
+    Knob,
     Pinning,
     RankInfo,
     configure_threads,
@@ -47,7 +50,9 @@ BREAKDOWN_STRATEGIES = ("mwms", "one_device")  # one replica per process: the ph
 @dataclass(frozen=True)
 class Options(BaseOptions):
     strategy: str = "mwms"  # one worker per device; "mirrored" = one process, all local devices
-    comm: str = "auto"  # MWMS collectives; auto lets TF pick (NCCL on GPUs, RING on CPU)
+    comm: str = "auto"  # MWMS collectives; auto = NCCL when this worker has a GPU, else RING (resolve_comm)
+    bytes_per_pack: int = 0  # CommunicationOptions.bytes_per_pack; 0 = TF's default, all gradients in one pack
+    comm_timeout: float = 0.0  # CommunicationOptions.timeout_seconds; 0 = TF's default, no timeout
     port_base: int = 12345  # first port for SlurmClusterResolver (IDRIS allows 10000-20000)
     gpus_per_node: int = -1  # for SlurmClusterResolver; -1 = what TensorFlow sees
     logical_cpus: int = 0  # split the CPU into N logical devices (CPU testing of mirrored, central_storage); 0 = off
@@ -56,7 +61,8 @@ class Options(BaseOptions):
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
         return cls(threads=args.threads, cpu_bind=args.cpu_bind, strategy=args.strategy, comm=args.comm,
-                   port_base=args.port_base, gpus_per_node=args.gpus_per_node, logical_cpus=args.logical_cpus,
+                   bytes_per_pack=args.bytes_per_pack, comm_timeout=args.comm_timeout, port_base=args.port_base,
+                   gpus_per_node=args.gpus_per_node, logical_cpus=args.logical_cpus,
                    ps=args.ps)
 
 
@@ -73,7 +79,14 @@ def parser() -> argparse.ArgumentParser:
                    help="parameter_server: start N local parameter servers (with a chief and --nproc workers), or "
                         "under srun make tasks 1..N parameter servers (default 0 = none)")
     p.add_argument("--comm", choices=COMMS, default="auto",
-                   help="MWMS collectives: nccl (GPUs), ring (gRPC, CPU) or auto (default: TF picks)")
+                   help="MWMS collectives: nccl (GPUs), ring (gRPC) or auto (default: NCCL when the worker has a "
+                        "GPU, else RING; TensorFlow's own AUTO would pick RING on GPUs too)")
+    p.add_argument("--bytes-per-pack", type=int, default=0, metavar="BYTES",
+                   help="MWMS CommunicationOptions.bytes_per_pack: all-reduce the gradients in packs of about this "
+                        "size (default 0 = TensorFlow's default: one pack)")
+    p.add_argument("--comm-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="MWMS CommunicationOptions.timeout_seconds: a collective slower than this fails (default 0 = "
+                        "TensorFlow's default: no timeout; TF adds a thread per collective when set)")
     p.add_argument("--port-base", type=int, default=12345,
                    help="first port for SlurmClusterResolver (default 12345; IDRIS allows 10000-20000)")
     p.add_argument("--gpus-per-node", type=int, default=-1,
@@ -102,7 +115,7 @@ class NativeBackend(Backend):
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.strategy: Any = None
-        self.comm_used = "n/a"
+        self._collective = Collective(opts.comm, "n/a", "no collective: one device, no peer")
         self.cluster: dict[str, Any] = {}
         self.cluster_source = "tf_config" if os.environ.get("TF_CONFIG") else "single"
         self.visible_gpus: str | None = None
@@ -153,6 +166,8 @@ class NativeBackend(Backend):
                 # computes with it (with CPU devices only, the first of them holds the variables).
                 self.strategy = tf.distribute.experimental.CentralStorageStrategy(
                     compute_devices=devices, parameter_device=CENTRAL_VARIABLES)
+            self._collective = Collective(self.opts.comm, "in-process",
+                                          f"{o.strategy}: one process reduces across its local devices")
             return 0, 1, self.strategy.num_replicas_in_sync, replace(pin, device=",".join(devices)).label()
         one = "/gpu:0" if gpus else "/cpu:0"
         self.strategy = tf.distribute.OneDeviceStrategy(one)
@@ -162,7 +177,8 @@ class NativeBackend(Backend):
         """The chief of a parameter-server cluster: it creates the variables on the ps and schedules the steps."""
         role = native_cluster.ps_role(self.opts.ps, self.opts.port_base)
         self.cluster, self.cluster_source = role.cluster, role.source
-        self.comm_used = "parameter servers (gRPC)"
+        self._collective = Collective(self.opts.comm, "parameter servers (gRPC)",
+                                      "parameter-server training: variables live on the parameter servers")
         tf.config.set_visible_devices([], "GPU")  # the chief computes nothing: leave its node's GPUs to workers
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(role.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
@@ -174,19 +190,33 @@ class NativeBackend(Backend):
     def _mwms(self, tf: Any, gpus: list[Any]) -> Any:
         o = self.opts
         impl = tf.distribute.experimental.CommunicationImplementation
-        choice = {"auto": impl.AUTO, "ring": impl.RING, "nccl": impl.NCCL}[o.comm]
-        self.comm_used = o.comm
-        if o.comm == "nccl" and not gpus:
+        self._collective = resolve_comm(o.comm, bool(gpus))
+        if o.comm == "nccl" and self._collective.used != "nccl":
             print(f"[{PROG}] warning: --comm nccl needs GPUs and none is visible; using RING (gRPC) collectives",
                   file=sys.stderr, flush=True)
-            choice, self.comm_used = impl.RING, "ring"
-        options = tf.distribute.experimental.CommunicationOptions(implementation=choice)
+        # Never impl.AUTO: in TF 2.21 it reaches the runtime as the hint "auto", and the runtime then picks NCCL
+        # only if ConfigProto.experimental.collective_nccl is set, which MWMS sets for impl.NCCL alone
+        # (collective_param_resolver_local.cc AssignCollectiveType; collective_all_reduce_strategy.py
+        # _update_config_proto): AUTO is RING on GPUs. So twinbench decides, before the strategy exists.
+        choice = impl.NCCL if self._collective.used == "nccl" else impl.RING
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=o.bytes_per_pack, timeout_seconds=o.comm_timeout or None, implementation=choice)
         resolver = None
         if native_cluster.multi_task_slurm_step():
             resolver, self.cluster_source = native_cluster.slurm_resolver(tf, o.port_base, o.gpus_per_node,
                                                                           len(gpus), PROG)
         # Must come before any other TF op: MWMS configures the runtime's collective ops when created.
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+
+    def collective(self) -> Collective:
+        return self._collective
+
+    def knobs(self) -> list[Knob]:
+        o = self.opts
+        if o.strategy != "mwms":  # CommunicationOptions reach MWMS only
+            return []
+        return [Knob("bytes_per_pack", o.bytes_per_pack, 0, f"packs {o.bytes_per_pack / 2**20:g} MiB"),
+                Knob("comm_timeout_seconds", o.comm_timeout, 0.0, f"timeout {o.comm_timeout:g} s")]
 
     @property
     def uses_coordinator(self) -> bool:
@@ -206,7 +236,7 @@ class NativeBackend(Backend):
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "strategy": type(self.strategy).__name__ if self.strategy is not None else None,
-            "communication": self.comm_used,
+            "communication": self._collective.used,
             "replicas_per_worker": self.info.replicas_per_worker,
             "threads_per_process": self.info.threads,
             "cluster": self.cluster,
@@ -231,12 +261,29 @@ class NativeBackend(Backend):
     def scope(self) -> Any:
         return self.strategy.scope()
 
+    @property
+    def input_path(self) -> str:
+        if self.uses_coordinator:
+            return "per-worker (coordinator)"  # common.ps_loop: each worker's own dataset, made through the chief
+        return "per-worker" if self.info.replicas_per_worker == 1 else "distributed"
+
     def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
-        """The distributed dataset; for parameter-server training the per-worker dataset *function*, which
-        ``common.ps_loop`` creates on every worker through the coordinator."""
+        """The input of this worker's replicas; for parameter-server training the per-worker dataset *function*,
+        which ``common.ps_loop`` creates on every worker through the coordinator.
+
+        One replica per worker (mwms, one_device): this worker's own tf.data pipeline, whose tensors go straight
+        into ``strategy.run``, as Horovod ranks are fed. TensorFlow's distributed input
+        (``distribute_datasets_from_function``) always goes through a MultiDeviceIterator under MWMS, and on CPU
+        that halved the throughput of a real CNN here (docs/findings.md, 2026-11-23); it stays for several local
+        replicas (mirrored, central_storage), which need a batch per replica. Same samples either way:
+        ``common.data`` shards by pipeline index, and the worker's index among ``num_workers`` pipelines is the
+        ``input_pipeline_id`` tf.distribute would give it.
+        """
         per = self.info.replicas_per_worker
         if self.uses_coordinator:
             return self._per_worker_dataset_fn(dataset_fn)
+        if self.input_path == "per-worker":
+            return per_worker_dataset(dataset_fn(self.rank, self.num_workers, 1))
         # distribute_datasets_from_function does no auto-sharding: common.data shards by pipeline index, the
         # same rule Horovod ranks use, so both backends feed every replica the same samples.
         return self.strategy.distribute_datasets_from_function(
@@ -349,6 +396,34 @@ class NativeBackend(Backend):
         return self.strategy.experimental_local_results(self._allsum_fn(value))[0]
 
 
+@functools.cache
+def _per_worker_dataset_class() -> type:
+    import tensorflow as tf
+
+    class PerWorkerDataset(tf.distribute.DistributedDataset):
+        """This worker's own ``tf.data.Dataset`` (a worker with one replica), presented as a
+        ``tf.distribute.DistributedDataset`` so that Keras ``fit`` takes it as already distributed: it would
+        otherwise distribute it again, through the MultiDeviceIterator. Iterating it iterates the dataset: ``next``
+        gives plain tensors, which ``strategy.run`` hands to the worker's single replica as they are."""
+
+        def __init__(self, dataset: Any) -> None:
+            self.dataset = dataset
+
+        def __iter__(self) -> Any:
+            return iter(self.dataset)
+
+        @property
+        def element_spec(self) -> Any:
+            return self.dataset.element_spec
+
+    return PerWorkerDataset
+
+
+def per_worker_dataset(dataset: Any) -> Any:
+    """``dataset`` as the input of a one-replica worker (``PerWorkerDataset``)."""
+    return _per_worker_dataset_class()(dataset)
+
+
 def worker_slots(ds: Any, workers: int, per: int, index: Any) -> Any:
     """From every replica slot of each global batch (in slot order), worker ``index``'s ``per`` slots: what
     ``common.data`` gives pipeline ``index`` of ``workers`` pipelines with ``per`` replicas each."""
@@ -390,12 +465,32 @@ def launch_local(n: int, argv: list[str], ps: int = 0) -> int:
     return localcluster.supervise(localcluster.start_tf_config_workers(n, command, env), PROG)
 
 
+def resolve_comm(requested: str, has_gpu: bool) -> Collective:
+    """The MWMS collective implementation for ``--comm``: ``auto`` is NCCL when this worker has a GPU, else RING;
+    ``nccl`` without a GPU falls back to RING (NCCL cannot reduce host tensors)."""
+    if requested == "ring":
+        return Collective(requested, "ring", "--comm ring")
+    if has_gpu:
+        why = "--comm nccl" if requested == "nccl" else "--comm auto and this worker has a GPU"
+        return Collective(requested, "nccl", why)
+    why = "--comm nccl but no GPU is visible" if requested == "nccl" else "--comm auto and no GPU is visible"
+    return Collective(requested, "ring", why)
+
+
 def breakdown_problem(strategy: str) -> str | None:
     """Why ``--diagnose breakdown`` cannot run with ``strategy`` (one line), or None."""
     if strategy in BREAKDOWN_STRATEGIES:
         return None
     return (f"--diagnose breakdown splits the synchronous all-reduce step into phases: --strategy "
             f"{' or '.join(BREAKDOWN_STRATEGIES)}, not {strategy}")
+
+
+def _check_knobs(args: argparse.Namespace) -> None:
+    """CommunicationOptions values, checked before the job is read and the results dir created (exit 2)."""
+    if args.bytes_per_pack < 0:
+        fail(PROG, f"--bytes-per-pack must be >= 0 (0 = one pack), got {args.bytes_per_pack}")
+    if not args.comm_timeout >= 0:
+        fail(PROG, f"--comm-timeout must be >= 0 seconds (0 = none), got {args.comm_timeout}")
 
 
 def _preflight(args: argparse.Namespace) -> None:
@@ -429,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     cli.legacy_keras()
     cli.unset_proxies()
+    _check_knobs(args)
     job, run_opts = cli.prepare(PROG, args, T0)
     try:
         _preflight(args)

@@ -313,7 +313,8 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
         all_weights_consistent=len({r["final_digest"] for r in everyone}) == 1,
         network=netif.network(opts.iface, everyone),
         asynchronous=backend.uses_coordinator,  # parameter-server training: never in a parity claim
-        input=inputwait.summarise([r["input"] for r in everyone], stats["per_rank_timed_wall"]),
+        input={**inputwait.summarise([r["input"] for r in everyone], stats["per_rank_timed_wall"]),
+               "path": backend.input_path},
         topology=netif.topology(everyone),
         collective=backend.collective().to_dict(),
         tuning=tuning_record(backend.knobs(), comm_env()),

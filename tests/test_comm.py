@@ -1,0 +1,79 @@
+"""Native collective resolution and CommunicationOptions knobs: what MWMS is given is what the record says."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from backends import native
+from backends.base import Collective, tuning_record
+from tests.conftest import PY, SMOKE, run
+
+
+@pytest.mark.parametrize(("requested", "has_gpu", "used"), [
+    ("auto", True, "nccl"), ("auto", False, "ring"), ("nccl", True, "nccl"), ("nccl", False, "ring"),
+    ("ring", True, "ring"), ("ring", False, "ring"),
+])
+def test_resolve_comm(requested, has_gpu, used):
+    got = native.resolve_comm(requested, has_gpu)
+    assert (got.requested, got.used) == (requested, used) and got.reason
+
+
+class _Captured(Exception):
+    """Raised by the fake strategy class: carries the CommunicationOptions MWMS would have been created with."""
+
+
+def _fake_tf(tf):
+    """The real tf.distribute option types, but a MultiWorkerMirroredStrategy that only captures its options."""
+
+    def mwms(cluster_resolver=None, communication_options=None):
+        raise _Captured(communication_options)
+
+    distribute = types.SimpleNamespace(experimental=tf.distribute.experimental, MultiWorkerMirroredStrategy=mwms)
+    return types.SimpleNamespace(distribute=distribute)
+
+
+@pytest.mark.parametrize(("gpus", "impl"), [(["/physical_device:GPU:0"], "NCCL"), ([], "RING")])
+def test_auto_gives_mwms_nccl_with_a_gpu_and_ring_without(monkeypatch, gpus, impl):
+    """A faked visible GPU: ``--comm auto`` creates MWMS with NCCL (TF's own AUTO would run RING); none: RING."""
+    tf = pytest.importorskip("tensorflow")
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    backend = native.NativeBackend(native.Options(comm="auto", bytes_per_pack=1 << 20, comm_timeout=30.0))
+    with pytest.raises(_Captured) as got:
+        backend._mwms(_fake_tf(tf), gpus)
+    options = got.value.args[0]
+    assert options.implementation == getattr(tf.distribute.experimental.CommunicationImplementation, impl)
+    assert options.bytes_per_pack == 1 << 20 and options.timeout_seconds == 30.0
+    assert backend.collective() == native.resolve_comm("auto", bool(gpus))
+
+
+def test_knobs_record_values_defaults_and_variant():
+    default = native.NativeBackend(native.Options())
+    rec = tuning_record(default.knobs(), {"NCCL_DEBUG": "INFO"})
+    assert rec["knobs"] == {"bytes_per_pack": 0, "comm_timeout_seconds": 0.0} == rec["defaults"]
+    assert rec["variant"] is None and rec["env"] == {"NCCL_DEBUG": "INFO"}
+    packed = native.NativeBackend(native.Options(bytes_per_pack=32 << 20))
+    assert tuning_record(packed.knobs(), {})["variant"] == "packs 32 MiB"
+    assert native.NativeBackend(native.Options(strategy="mirrored")).knobs() == []  # not MWMS: no such knob
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--bytes-per-pack", "-1"], "--bytes-per-pack must be >= 0"),
+    (["--comm-timeout", "-5"], "--comm-timeout must be >= 0"),
+    (["--bytes-per-pack", "abc"], "invalid int value"),
+    (["--hierarchical-allreduce"], "unrecognized arguments: --hierarchical-allreduce"),
+])
+def test_bad_native_knobs_exit_2_before_tensorflow(tmp_path, flags, says):
+    proc = run([PY, "-X", "importtime", "-m", "backends.native", "--job", SMOKE, "--results", str(tmp_path / "r"),
+                *flags], check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
+    assert len(lines) == 1 and says in lines[0], lines
+    assert "tensorflow" not in proc.stderr  # refused before TensorFlow was imported
+    assert not (tmp_path / "r").exists()
+
+
+def test_collective_record_default():
+    assert Collective("auto", "ring", "x").to_dict() == {"requested": "auto", "used": "ring", "reason": "x"}
