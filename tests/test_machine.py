@@ -11,6 +11,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -254,6 +255,17 @@ def test_mpi_version_from_mpi4py_else_mpirun(monkeypatch: pytest.MonkeyPatch, tm
     assert machine.mpi_version() == "mpirun (Open MPI) 9.8.7"
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     assert machine.mpi_version() is None
+
+
+def test_reading_the_mpi_version_does_not_start_mpi() -> None:
+    """A native rank has no MPI job to join: reading the library's version must leave MPI uninitialised."""
+    pytest.importorskip("mpi4py")
+    code = ("from common import machine; v = machine.mpi_version(); from mpi4py import MPI; "
+            "print(v is not None, MPI.Is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1], check=True).stdout.split()
+    if out[0] == "True":  # an MPI library answered
+        assert out[1] == "False"
 
 
 def test_slurm_fields_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
