@@ -165,7 +165,8 @@ def format_machines(runs: Sequence[Mapping[str, Any]], label_of: Callable[[Mappi
         sizes: dict[str, list[int]] = {}
         for r in members:
             sizes.setdefault(label_of(r), []).append(r["world_size"])
-        which = "; ".join(f"{b}: {', '.join(map(str, sorted(set(ws))))} replicas" for b, ws in sizes.items())
+        which = "; ".join(f"{b}: {', '.join(map(str, sorted(set(ws))))} replica{'' if set(ws) == {1} else 's'}"
+                          for b, ws in sizes.items())
         nccl = [f"{x['nccl']} ({r['backend']})" for r in members for x in section(block(r) or {}, "libraries")
                 if isinstance(x, Mapping) and x.get("nccl")]
         extra = f"; NCCL {_distinct(nccl)}" if nccl else ""
