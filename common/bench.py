@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Backend
-from common import observe, p2p
+from common import machine, observe, p2p
 from common import results as res
 from common.runconfig import BenchOptions
 
@@ -48,8 +48,9 @@ def bus_factor(n: int) -> float:
 
 
 def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None, command: list[str],
-                  verbose: bool = True) -> dict[str, Any] | None:
-    """SUM allreduce of float32 ones at each size; the chief writes the ``kind: "allreduce"`` record."""
+                  verbose: bool = True, iface: str | None = None) -> dict[str, Any] | None:
+    """SUM allreduce of float32 ones at each size; the chief writes the ``kind: "allreduce"`` record. ``iface``:
+    the run's --iface (the data interface the record's ``machine`` block describes; None: the host name's)."""
     import tensorflow as tf
 
     sizes, iters, warmup = list(bench.sizes), bench.iters, bench.warmup_iters
@@ -73,7 +74,8 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
             times.append(time.perf_counter() - t0)
         mine[str(size)] = times
         del t
-    everyone = backend.allgather({"host": res.hostname(), "times": mine, "wrong": wrong})
+    everyone = backend.allgather({"host": res.hostname(), "times": mine, "wrong": wrong,
+                                  "machine": machine.rank_machine(iface)})
     if not backend.is_chief:
         return None
     rows = []
@@ -92,6 +94,7 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
         "hosts": [r["host"] for r in everyone], "command": command, "finished_at": res.now_iso(),
         "run_id": res.new_run_id(),
         "link": link,  # common.p2p: the probed point-to-point rate
+        "machine": machine.combine([r["machine"] for r in everyone]),
     }
     if verbose:
         print(f"[twinbench] allreduce, {backend.name}, {n} ranks (float32 sum; busbw = algbw x {bus_factor(n):.3f})")

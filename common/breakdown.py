@@ -32,6 +32,7 @@ from typing import Any
 
 from backends.base import Backend
 from common import data as data_mod
+from common import machine
 from common import results as res
 from common.errors import UsageError
 from common.job import Job
@@ -133,7 +134,7 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any
     stamps, losses, marks = _loop(job, backend, built.model, built.optimizer, dataset, plan, warm, watchdog)
     wall = next(t for d, t in marks if d == warm)
     mine = {"host": res.hostname(), "phases": step_phases(stamps, warm), "wall": marks[-1][1] - wall,
-            "losses": losses}
+            "losses": losses, "machine": machine.rank_machine(opts.iface)}
     everyone = backend.allgather(mine)  # every rank takes part; only the chief keeps the result
     if not backend.is_chief:
         return None
@@ -150,6 +151,7 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any
         trainable_params=n_params, gradient_bytes=backend.gradient_bytes(n_params), versions=res.versions(),
         hosts=[r["host"] for r in everyone], command=list(opts.command),
         started_at=res.now_iso_from(opts.t_process_start), finished_at=res.now_iso(), run_id=res.new_run_id(),
+        machine=machine.combine([r["machine"] for r in everyone]),
     )
     if opts.verbose:
         print(f"[twinbench] breakdown ({METHOD}): {describe_line(rec)}", flush=True)

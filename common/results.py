@@ -172,6 +172,7 @@ class BreakdownRecord:
     started_at: str | None = None
     finished_at: str | None = None
     run_id: str | None = None
+    machine: dict[str, Any] | None = None  # common.machine: CPU, GPUs, libraries, Slurm, network, memory
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

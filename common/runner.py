@@ -23,7 +23,7 @@ def run(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
         from common.bench import run_allreduce
 
         run_allreduce(backend, opts.bench, opts.results_dir, list(opts.command),
-                      verbose=opts.verbose and backend.is_chief)
+                      verbose=opts.verbose and backend.is_chief, iface=opts.iface)
         backend.exit_barrier()
         backend.shutdown()
         return 0

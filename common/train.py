@@ -22,7 +22,7 @@ from typing import Any
 
 from backends.base import Backend, comm_env, tuning_record
 from common import data as data_mod
-from common import inputwait, loops, netif, observe
+from common import inputwait, loops, machine, netif, observe
 from common import reliability as rel
 from common import results as res
 from common.errors import PeerLost, Preempted, UsageError
@@ -259,6 +259,7 @@ def gather(backend: Backend, built: Built, hooks: StepHooks, opts: RunOptions,
         "final_digest": weights_digest(built.model),
         "trainable_digest": weights_digest(built.model, trainable_only=True),
         "input": inputwait.rank_measure(hooks.input_clock),  # reads the device once: after the timed loop
+        "machine": machine.rank_machine(opts.iface),  # after the last step: the peak RSS is the run's
     }
     # Every rank must take part in this collective, chief or not.
     everyone = backend.allgather(mine)
@@ -318,6 +319,7 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
         topology=netif.topology(everyone),
         collective=backend.collective().to_dict(),
         tuning=tuning_record(backend.knobs(), comm_env()),
+        machine=machine.combine([r["machine"] for r in everyone]),
     )
 
 

@@ -11,10 +11,10 @@ atomically into ``--out`` (default RESULTS_DIR/report).
 
 API: ``load_runs`` -> ``summarize`` -> ``format_table`` / ``format_markdown``; ``write_report`` does it all.
 Modules: base (errors, n/a), stats, load (files -> runs, validated by common.results.RunRecord), summary,
-selection (which jobs; refusing different jobs), versions, render (Markdown, CSV), plots, model (allreduce and
-scaling model), build (writing the files), cli. Backend names, order, colours and the headline ratio come from
-the ``backends`` registry. This package never imports TensorFlow (reports run on laptops and login nodes);
-matplotlib is imported only to draw the plots.
+selection (which jobs; refusing different jobs), versions, machines (row keys by machine, the Machine section),
+render (Markdown, CSV), plots, model (allreduce and scaling model), build (writing the files), cli. Backend names,
+order, colours and the headline ratio come from the ``backends`` registry. This package never imports TensorFlow
+(reports run on laptops and login nodes); matplotlib is imported only to draw the plots.
 """
 
 from __future__ import annotations

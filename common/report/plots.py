@@ -9,6 +9,7 @@ from typing import Any
 
 import backends
 from common.report.base import NA
+from common.report.machines import subtitle
 from common.report.stats import num
 from common.report.summary import JobSummary
 
@@ -19,6 +20,24 @@ def backend_color(name: str, index: int) -> str:
     if name in backends.names():
         return backends.entry(name).color
     return f"C{index + len(backends.names())}"
+
+
+Style = tuple[str, str, str]  # colour, line style, marker of one row label's line
+SERIES_STYLES = (("-", "o"), ("-.", "s"), (":", "^"), ("-", "D"))  # a backend's machines (row labels), in turn
+
+
+def line_styles(s: JobSummary) -> dict[str, Style]:
+    """Each row label's line: its backend's colour, and for a backend whose rows name several machines a line
+    style and marker per machine (dashes stay for the ideal lines)."""
+    plains = list(dict.fromkeys(r.plain for r in s.rows))
+    drawn: dict[str, int] = {}  # backend label -> its row labels styled so far
+    out: dict[str, Style] = {}
+    for b in s.backends:
+        plain = next(r.plain for r in s.rows if r.backend == b)
+        line, marker = SERIES_STYLES[drawn.get(plain, 0) % len(SERIES_STYLES)]
+        drawn[plain] = drawn.get(plain, 0) + 1
+        out[b] = (backend_color(plain, plains.index(plain)), line, marker)
+    return out
 
 
 def _new_figure() -> Any:
@@ -48,37 +67,39 @@ def _setup_x(ax: Any, sizes: Sequence[int]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _throughput(s: JobSummary, colors: Mapping[str, str], sizes: Sequence[int], title: str) -> bytes:
+def _throughput(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int], title: str) -> bytes:
     fig = _new_figure()
     ax = fig.add_subplot()
     for b in s.backends:
         rows = [r for r in s.rows if r.backend == b]
         xs = [r.world_size for r in rows]
-        ax.plot(xs, [r.ips_median for r in rows], "o-", color=colors[b], label=f"{b} (median)")
+        color, line, marker = styles[b]
+        ax.plot(xs, [r.ips_median for r in rows], marker=marker, linestyle=line, color=color, label=f"{b} (median)")
         for r in rows:
             if r.ips_ci95 is not None:
-                ax.vlines(r.world_size, *r.ips_ci95, color=colors[b], alpha=0.6, linewidth=3)
+                ax.vlines(r.world_size, *r.ips_ci95, color=color, alpha=0.6, linewidth=3)
         base = next((r for r in rows if r.world_size == 1), None)
         if base is not None:
             xi = sorted({1, *xs})
-            ax.plot(xi, [base.ips_median * x for x in xi], "--", color=colors[b], alpha=0.7,
+            ax.plot(xi, [base.ips_median * x for x in xi], "--", color=color, alpha=0.7,
                     label=f"{b} ideal (linear from 1 replica)")
     _setup_x(ax, sizes)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("images / s (bars: 95% CI of mean)")
-    ax.set_title(f"throughput — {title}", fontsize=10)
+    ax.set_title(f"throughput — {title}", fontsize=9)
     ax.legend(fontsize=8)
     return _png_bytes(fig)
 
 
-def _efficiency(s: JobSummary, colors: Mapping[str, str], sizes: Sequence[int], title: str) -> bytes:
+def _efficiency(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int], title: str) -> bytes:
     fig = _new_figure()
     ax = fig.add_subplot()
     drawn = False
     for b in s.backends:
         pts = [(r.world_size, 100 * r.efficiency) for r in s.rows if r.backend == b and r.efficiency is not None]
         if pts:
-            ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", color=colors[b], label=b)
+            color, line, marker = styles[b]
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, linestyle=line, color=color, label=b)
             drawn = True
     ax.axhline(100, linestyle="--", color="gray", label="ideal (100%)")
     if not drawn:
@@ -87,7 +108,7 @@ def _efficiency(s: JobSummary, colors: Mapping[str, str], sizes: Sequence[int], 
     _setup_x(ax, sizes)
     ax.set_ylim(0, max([110.0] + [100 * r.efficiency * 1.05 for r in s.rows if r.efficiency is not None]))
     ax.set_ylabel("scaling efficiency (%)")
-    ax.set_title(f"efficiency — {title}", fontsize=10)
+    ax.set_title(f"efficiency — {title}", fontsize=9)
     ax.legend(fontsize=8)
     return _png_bytes(fig)
 
@@ -96,10 +117,11 @@ def plot_job(summary: JobSummary) -> dict[str, bytes]:
     """PNG bytes of the throughput and efficiency plots, keyed by file name (named with the job hash)."""
     s = summary
     sizes = sorted({r.world_size for r in s.rows})
-    colors = {b: backend_color(b, i) for i, b in enumerate(s.backends)}
-    title = f"{s.name} ({s.job_hash})"
-    return {f"throughput_{s.job_hash}.png": _throughput(s, colors, sizes, title),
-            f"efficiency_{s.job_hash}.png": _efficiency(s, colors, sizes, title)}
+    styles = line_styles(s)
+    machine = subtitle(s.runs)  # the GPU (or CPU) model and the nodes, under the job's name
+    title = f"{s.name} ({s.job_hash})" + (f"\n{machine}" if machine else "")
+    return {f"throughput_{s.job_hash}.png": _throughput(s, styles, sizes, title),
+            f"efficiency_{s.job_hash}.png": _efficiency(s, styles, sizes, title)}
 
 
 def plot_allreduce(benches: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:

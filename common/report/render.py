@@ -6,12 +6,14 @@ import csv
 import io
 import json
 import math
+import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from common.report.base import NA, NO_INTERVAL, fmt_value
+from common.report.machines import format_machines
 from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, Row, input_text, order_backends, row_label
 from common.report.versions import versions_by_key
 
@@ -97,6 +99,9 @@ def format_ratio_table(summary: JobSummary) -> str:
     body = [[str(q.world_size), fmt_num(q.den_ips, ".1f"), fmt_num(q.num_ips, ".1f"), fmt_num(q.ratio, ".3f"),
              f"{q.den_workers if q.den_workers is not None else NA} / "
              f"{q.num_workers if q.num_workers is not None else NA}"] for q in summary.ratios]
+    if any(q.machine for q in summary.ratios):  # a job run on several machines: each pair's own
+        header += ("machine",)
+        body = [[*b, q.machine or NA] for b, q in zip(body, summary.ratios)]
     return md_table(header, body)
 
 
@@ -140,9 +145,36 @@ def _head(s: JobSummary, h: str) -> list[str]:
                     f"{h}# {RATIO_NUM} / {RATIO_DEN} throughput", "", format_ratio_table(s), ""]
 
 
-def _environment(s: JobSummary, h: str) -> list[str]:
-    """Versions, hosts, devices, backend_info, run period and an example command per backend."""
+HOME_PATTERN = re.compile(r"(?:/home|/Users)/[^/\s'\"]+|/root(?=/|\s|$|['\"])")  # home directories on Linux,
+# macOS and root's: the report names none, whoever made the runs
+
+
+def shorten_paths(text: str, results_dir: Path | None = None) -> str:
+    """``text`` with the results directory written "." and any home directory "~": the report's paths are relative
+    to the results directory and name no home."""
+    if results_dir is not None:
+        for d in dict.fromkeys((str(results_dir.resolve()), str(results_dir.absolute()))):
+            text = re.sub(re.escape(d.rstrip("/")) + r"(?=/|\s|$|['\"=,:])", ".", text)
+    home = str(Path.home()).rstrip("/")
+    if home not in ("", "/"):
+        text = re.sub(re.escape(home) + r"(?=/|\s|$|['\"=,:])", "~", text)
+    return HOME_PATTERN.sub("~", text)
+
+
+def short_command(cmd: Sequence[Any], results_dir: Path | None = None) -> str:
+    """A recorded command line as shell words, the interpreter by its name (its path is the environment's: the
+    versions line says which Python) and paths shortened (``shorten_paths``)."""
+    words = [str(c) for c in cmd]
+    if words and "/" in words[0] and Path(words[0]).name.startswith("python"):
+        words[0] = Path(words[0]).name
+    return shorten_paths(shlex.join(words), results_dir)
+
+
+def _environment(s: JobSummary, h: str, results_dir: Path | None = None) -> list[str]:
+    """Versions, hosts, devices, backend_info, run period and an example command per backend (paths relative to
+    the results directory, no home directory)."""
     runs = s.runs
+    labels = order_backends({r.plain for r in s.rows})  # row labels without their machine part
     lines = [f"{h}# Environment", ""]
     parts = []
     for k, vals in versions_by_key(runs).items():
@@ -154,8 +186,8 @@ def _environment(s: JobSummary, h: str) -> list[str]:
     lines.append(f"- versions: {'; '.join(parts) or NA}")
     lines.append(f"- hosts: {distinct(_rank_strings(runs, 'hosts'))}")
     lines.append(f"- devices: {distinct(_rank_strings(runs, 'devices'))}")
-    for b in s.backends:
-        infos = [json.dumps(r["backend_info"], sort_keys=True) for r in runs
+    for b in labels:
+        infos = [shorten_paths(json.dumps(r["backend_info"], sort_keys=True), results_dir) for r in runs
                  if row_label(r) == b and isinstance(r.get("backend_info"), dict)]
         shown = [i if len(i) <= 300 else i[:297] + "..." for i in dict.fromkeys(infos)]
         lines.append(f"- backend_info ({b}): {distinct(shown, limit=4)}")
@@ -163,11 +195,25 @@ def _environment(s: JobSummary, h: str) -> list[str]:
     ends = sorted(str(r["finished_at"]) for r in runs if r.get("finished_at"))
     if starts or ends:
         lines.append(f"- runs from {starts[0] if starts else '?'} to {ends[-1] if ends else '?'}")
-    for b in s.backends:
+    for b in labels:
         cmd = next((r["command"] for r in runs if row_label(r) == b and isinstance(r.get("command"), list)), None)
         if cmd:
-            lines.append(f"- example command ({b}): `{md_escape(shlex.join(str(c) for c in cmd))}`")
+            lines.append(f"- example command ({b}): `{md_escape(short_command(cmd, results_dir))}`")
     return lines + [""]
+
+
+def _machine(s: JobSummary, h: str) -> list[str]:
+    """One line per distinct machine set the job's runs ran on (common.report.machines)."""
+    several = any(r.machine for r in s.rows)
+    why = (" Runs on different machines never share a row: when the job ran on several CPU or GPU models every row "
+           "names its own (and each has its own 1-replica baseline), and a backend whose runs of one size ran on "
+           "different node counts names the node count in its rows (the baseline stays its 1-replica run)."
+           if several else "")
+    order = order_backends({row_label(r) for r in s.runs})
+    runs = sorted(s.runs, key=lambda r: (order.index(row_label(r)), r["world_size"]))  # lines list them so
+    return [f"{h}# Machine", "", f"CPU model x logical cores; GPU (memory, compute capability, driver) or no GPU; "
+            f"nodes; CUDA and cuDNN TensorFlow was built with, MPI, the NCCL Horovod was built with; Slurm job.step "
+            f"(partition).{why}", "", *(md_escape(line) for line in format_machines(runs, row_label)), ""]
 
 
 def _run_files(s: JobSummary, results_dir: Path | None) -> list[str]:
@@ -195,7 +241,8 @@ def format_section(summary: JobSummary, *, level: int = 2, out_dir: Path | None 
     if images:
         lines += [f"{h}# Plots", ""]
         lines += [f"![{p.stem}]({p.name})" for p in images] + [""]
-    lines += _environment(s, h)
+    lines += _machine(s, h)
+    lines += _environment(s, h, results_dir)
     lines += ["<details><summary>Full job definition</summary>", "", "```json",
               json.dumps(s.job, indent=1, sort_keys=True), "```", "", "</details>", ""]
     return "\n".join(lines + _run_files(s, results_dir))
@@ -207,8 +254,8 @@ def format_markdown(summaries: Sequence[JobSummary], *, results_dir: Path | None
     n_runs = sum(len(s.runs) for s in summaries)
     lines = ["# twinbench scaling report", ""]
     if results_dir is not None:
-        lines += [f"Results: `{results_dir}` — {n_runs} runs of {len(summaries)} job(s). Runs of different jobs "
-                  "(different job hash) are never compared with each other.", ""]
+        lines += [f"Results: `{shorten_paths(str(results_dir))}` — {n_runs} runs of {len(summaries)} job(s). Runs of "
+                  "different jobs (different job hash) are never compared with each other.", ""]
     lines += [f"Method: {INTERVAL_METHOD}.", "", f"Definitions: {DEFINITIONS}.", ""]
     for s in summaries:
         lines.append(format_section(s, results_dir=results_dir, images=(images or {}).get(s.job_hash, ())))

@@ -11,6 +11,7 @@ from typing import Any
 import backends
 from common.report.base import NA, NO_INTERVAL
 from common.report.load import upgrade_run
+from common.report.machines import MachineKey, machine_keys, nodes_text
 from common.report.stats import mean_ci95, median, num
 from common.report.versions import version_mix, versions_by_key
 
@@ -52,6 +53,20 @@ class Row:
     input_method: str | None = None  # RunRecord.input.method of the repeats ("fetch", "gap"); None: not measured
     input_fraction: float | None = None  # median over repeats of the input wait's share of the timed wall time
     input_verdict: str | None = None  # "kept up", "moderately input-bound", "highly input-bound" or None (undecided)
+    plain: str = ""  # the row label without its machine part (row_label); "" until set: the backend column
+    series: str = ""  # the rows sharing a speedup baseline: plain label + hardware, no node count ("": plain)
+    machine: str = ""  # the machine part of the label ("" when the job ran on one machine: MachineKey)
+    hardware: str = ""  # the hardware part of it ("" when the job's runs share one hardware)
+    nodes: int | None = None  # the node count of the row's runs (None: not recorded)
+
+    def __post_init__(self) -> None:
+        self.plain = self.plain or self.backend
+        self.series = self.series or self.plain
+
+    @property
+    def pair_key(self) -> tuple[str, int, int]:
+        """What a ratio pairs on when a world size has several rows: hardware, nodes, workers."""
+        return self.hardware, -1 if self.nodes is None else self.nodes, self.num_workers
 
 
 @dataclass
@@ -64,6 +79,7 @@ class RatioRow:
     den_ips: float | None
     num_ips: float | None
     ratio: float | None
+    machine: str = ""  # the pair's hardware and nodes when the job ran on several machines ("": one machine)
 
 
 @dataclass
@@ -81,7 +97,8 @@ class JobSummary:
 
     @property
     def backends(self) -> list[str]:
-        return order_backends({r.backend for r in self.rows})
+        """The row labels in table order (registry order of the backends, then their machines)."""
+        return list(dict.fromkeys(r.backend for r in self.rows))
 
 
 def order_backends(names: Iterable[str]) -> list[str]:
@@ -174,42 +191,63 @@ def row_label(run: Mapping[str, Any]) -> str:
 
 
 def _rows(runs: list[dict[str, Any]]) -> list[Row]:
-    """One row per backend (row label) x world size x worker count, in table order."""
-    cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
-    for r in runs:
-        cells.setdefault((row_label(r), r["world_size"], r["num_workers"]), []).append(r)
+    """One row per backend (row label) x machine (common.report.machines) x world size x worker count, in table
+    order: runs on different CPU or GPU models, or on different node counts, never share a row."""
+    cells: dict[tuple[str, str, int, bool, int, int], list[dict[str, Any]]] = {}
+    for r, m in zip(runs, machine_keys(runs, row_label)):
+        nodes = -1 if m.nodes is None else m.nodes
+        cells.setdefault((row_label(r), m.hardware, nodes, m.show_nodes, r["world_size"], r["num_workers"]),
+                         []).append(r)
     order = {b: i for i, b in enumerate(order_backends(k[0] for k in cells))}
-    return [_make_row(b, ws, nw, rs) for (b, ws, nw), rs in sorted(cells.items(),
-                                                                   key=lambda kv: (order[kv[0][0]], kv[0][1:]))]
+    rows = []
+    for (label, hw, nodes, show, ws, nw), rs in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1:])):
+        key = MachineKey(hw, None if nodes < 0 else nodes, show)
+        row = _make_row(f"{label} [{key.suffix()}]" if key.suffix() else label, ws, nw, rs)
+        row.plain, row.machine, row.hardware, row.nodes = label, key.suffix(), hw, key.nodes
+        row.series = f"{label} [{hw}]" if hw else label
+        rows.append(row)
+    return rows
 
 
-def _speedups(rows: list[Row], names: list[str], notes: list[str]) -> None:
-    """Speedup and efficiency against the same backend's 1-replica median (a note where there is none)."""
-    for b in names:
-        base = next((r for r in rows if r.backend == b and r.world_size == 1), None)
+def _speedups(rows: list[Row], notes: list[str]) -> None:
+    """Speedup and efficiency against the 1-replica median of the same series (backend label and hardware; a note
+    where there is none)."""
+    for b in dict.fromkeys(r.series for r in rows):
+        base = next((r for r in rows if r.series == b and r.world_size == 1), None)
         if base is None:
-            sizes = ", ".join(str(r.world_size) for r in rows if r.backend == b)
+            sizes = ", ".join(str(r.world_size) for r in rows if r.series == b)
             notes.append(f"{b}: no 1-replica run (only world size {sizes}), so its speedup and efficiency are "
                          f"{NA}; run {b} at world size 1 to get the baseline")
             continue
         for r in rows:
-            if r.backend == b:
+            if r.series == b:
                 r.speedup = r.ips_median / base.ips_median
                 r.efficiency = r.ips_median / (r.world_size * base.ips_median)
 
 
 def _pairs(rows: list[Row], ws: int) -> list[tuple[Row | None, Row | None]]:
-    """(denominator row, numerator row) at one world size; several worker counts pair equal counts only."""
-    den = [r for r in rows if r.backend == RATIO_DEN and r.world_size == ws]
-    nom = [r for r in rows if r.backend == RATIO_NUM and r.world_size == ws]
-    if len(den) <= 1 and len(nom) <= 1:
+    """(denominator row, numerator row) at one world size, never across hardware; several rows (worker counts,
+    node counts) pair equal ones only."""
+    den = [r for r in rows if r.plain == RATIO_DEN and r.world_size == ws]
+    nom = [r for r in rows if r.plain == RATIO_NUM and r.world_size == ws]
+    if len(den) <= 1 and len(nom) <= 1 and (not den or not nom or den[0].hardware == nom[0].hardware):
         return [(den[0] if den else None, nom[0] if nom else None)]
-    return [(next((r for r in den if r.num_workers == nw), None), next((r for r in nom if r.num_workers == nw), None))
-            for nw in sorted({r.num_workers for r in den + nom})]
+    return [(next((r for r in den if r.pair_key == k), None), next((r for r in nom if r.pair_key == k), None))
+            for k in sorted({r.pair_key for r in den + nom})]
 
 
-def _ratios(rows: list[Row], names: list[str], notes: list[str]) -> list[RatioRow]:
+def _pair_machine(d: Row | None, n: Row | None, several: bool) -> str:
+    """The ratio row's machine text when the job ran on several machines ("" otherwise)."""
+    r = d or n
+    if not several or r is None:
+        return ""
+    return ", ".join(p for p in (r.hardware, nodes_text(r.nodes) if r.nodes is not None else "") if p)
+
+
+def _ratios(rows: list[Row], notes: list[str]) -> list[RatioRow]:
     """The backends.RATIO throughput ratio per world size, set on both rows too; notes on what is missing."""
+    names = order_backends(r.plain for r in rows)
+    several = any(r.machine for r in rows)
     ratios: list[RatioRow] = []
     missing = [b for b in (RATIO_DEN, RATIO_NUM) if b not in names]
     if missing:
@@ -223,7 +261,8 @@ def _ratios(rows: list[Row], names: list[str], notes: list[str]) -> list[RatioRo
                 continue
             ratio = n.ips_median / d.ips_median if d and n else None
             ratios.append(RatioRow(ws, d.num_workers if d else None, n.num_workers if n else None,
-                                   d.ips_median if d else None, n.ips_median if n else None, ratio))
+                                   d.ips_median if d else None, n.ips_median if n else None, ratio,
+                                   _pair_machine(d, n, several)))
             for r in (d, n):
                 if r is not None:
                     r.ratio = ratio
@@ -234,6 +273,9 @@ def _ratios(rows: list[Row], names: list[str], notes: list[str]) -> list[RatioRo
                 notes.append(f"at world size {ws} the backends ran different topologies ({RATIO_DEN}: "
                              f"{d.num_workers} worker(s), {RATIO_NUM}: {n.num_workers} worker(s)); the ratio "
                              "compares them as they ran")
+            elif d and n and d.nodes != n.nodes and None not in (d.nodes, n.nodes):
+                notes.append(f"at world size {ws} the backends ran on different node counts ({RATIO_DEN}: "
+                             f"{d.nodes}, {RATIO_NUM}: {n.nodes}); the ratio compares them as they ran")
     for b, sizes in lone_sizes.items():
         listed = ", ".join(str(x) for x in dict.fromkeys(sizes))
         notes.append(f"{RATIO_NUM}/{RATIO_DEN} ratio is {NA} at world size {listed}: only {b} ran there")
@@ -309,9 +351,8 @@ def _summarize_job(job_hash: str, runs: list[dict[str, Any]]) -> JobSummary:
         notes.append(f"runs of this job carry different names ({', '.join(sorted(names))}); the name is a label "
                      "only, the job hash is identical")
     rows = _rows(runs)
-    present = order_backends(r.backend for r in rows)
-    _speedups(rows, present, notes)
-    ratios = _ratios(rows, present, notes)
+    _speedups(rows, notes)
+    ratios = _ratios(rows, notes)
     _run_notes(job, runs, rows, notes)
     windows = sorted({int(w) for r in runs if isinstance(w := r["step_time"].get("window_steps"), int) and w > 1})
     if windows:
