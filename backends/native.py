@@ -14,7 +14,6 @@ import time
 T0 = time.time()  # process start, for time-to-first-step (TF import counts: users pay it too)
 
 import argparse  # noqa: E402
-import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -34,7 +33,8 @@ from backends.base import (  # noqa: E402
     configure_threads,
     pin_one_gpu,
 )
-from common import cli, localcluster, runner  # noqa: E402
+from backends.native_input import per_worker_dataset, worker_slots  # noqa: E402
+from common import cli, runner  # noqa: E402
 from common.errors import UsageError, fail  # noqa: E402
 
 PROG = "backends.native"
@@ -43,7 +43,6 @@ ALL_LOCAL_DEVICES = ("mirrored", "central_storage")  # one process driving every
 COMMS = ("auto", "ring", "nccl")
 EXIT_BARRIER_MS = 30_000  # ms to wait for peers at exit: they are all past their last collective within a second
 CENTRAL_VARIABLES = "/cpu:0"  # where central_storage keeps the variables (the Q&A's: the host, next to the GPUs)
-SERVER_LINGER_S = 20.0  # s the local launcher gives ps/worker servers to exit after the chief (they need about 2)
 BREAKDOWN_STRATEGIES = ("mwms", "one_device")  # one replica per process: the phases are that process's
 
 
@@ -396,75 +395,6 @@ class NativeBackend(Backend):
         return self.strategy.experimental_local_results(self._allsum_fn(value))[0]
 
 
-@functools.cache
-def _per_worker_dataset_class() -> type:
-    import tensorflow as tf
-
-    class PerWorkerDataset(tf.distribute.DistributedDataset):
-        """This worker's own ``tf.data.Dataset`` (a worker with one replica), presented as a
-        ``tf.distribute.DistributedDataset`` so that Keras ``fit`` takes it as already distributed: it would
-        otherwise distribute it again, through the MultiDeviceIterator. Iterating it iterates the dataset: ``next``
-        gives plain tensors, which ``strategy.run`` hands to the worker's single replica as they are."""
-
-        def __init__(self, dataset: Any) -> None:
-            self.dataset = dataset
-
-        def __iter__(self) -> Any:
-            return iter(self.dataset)
-
-        @property
-        def element_spec(self) -> Any:
-            return self.dataset.element_spec
-
-    return PerWorkerDataset
-
-
-def per_worker_dataset(dataset: Any) -> Any:
-    """``dataset`` as the input of a one-replica worker (``PerWorkerDataset``)."""
-    return _per_worker_dataset_class()(dataset)
-
-
-def worker_slots(ds: Any, workers: int, per: int, index: Any) -> Any:
-    """From every replica slot of each global batch (in slot order), worker ``index``'s ``per`` slots: what
-    ``common.data`` gives pipeline ``index`` of ``workers`` pipelines with ``per`` replicas each."""
-    if per == 1:
-        return ds.shard(workers, index)
-    return ds.batch(per, drop_remainder=True).shard(workers, index).unbatch()
-
-
-# -- local launcher (--nproc, --ps) ----------------------------------------------------------------
-def strip_nproc(argv: list[str], flags: tuple[str, ...] = ("--nproc",)) -> list[str]:
-    """``argv`` without the launcher's own ``flags`` (and their values): what each launched process runs."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in flags:
-            skip = True
-            continue
-        if a.startswith(tuple(f"{f}=" for f in flags)):
-            continue
-        out.append(a)
-    return out
-
-
-def launch_local(n: int, argv: list[str], ps: int = 0) -> int:
-    """Start n workers of this module with TF_CONFIG on loopback; the first failure stops the others.
-
-    With ``ps`` > 0 (parameter_server): a chief, n workers and ``ps`` parameter servers; the servers exit once the
-    chief has (and are killed SERVER_LINGER_S later if they have not). SIGTERM/SIGUSR1 sent to the launcher
-    (Slurm, scancel) are forwarded to every process; the workers (the chief) then checkpoint and exit 75, and the
-    launcher exits 75 too.
-    """
-    env = dict(os.environ, TWINBENCH_LAUNCH_COMMAND=json.dumps(list(sys.orig_argv)))
-    command = [sys.executable, "-m", PROG, *strip_nproc(argv, ("--nproc", "--ps"))]
-    if ps:
-        return localcluster.supervise(localcluster.start_ps_cluster(n, ps, command, env), PROG,
-                                      linger=SERVER_LINGER_S)
-    return localcluster.supervise(localcluster.start_tf_config_workers(n, command, env), PROG)
-
-
 def resolve_comm(requested: str, has_gpu: bool) -> Collective:
     """The MWMS collective implementation for ``--comm``: ``auto`` is NCCL when this worker has a GPU, else RING;
     ``nccl`` without a GPU falls back to RING (NCCL cannot reduce host tensors)."""
@@ -531,10 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.strategy == "parameter_server":
             native_cluster.check_ps_job(job)
             if native_cluster.launches_ps_locally(args):
-                return launch_local(args.nproc, argv, ps=args.ps)
+                return native_cluster.launch_local(PROG, args.nproc, argv, ps=args.ps)
             native_cluster.serve_unless_chief(args, PROG)  # a worker or ps task ends there
         elif args.nproc > 1:
-            return launch_local(args.nproc, argv)
+            return native_cluster.launch_local(PROG, args.nproc, argv)
         backend = NativeBackend(Options.from_args(args))
         backend.setup()
     except UsageError as e:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from common import netif, slurm_layout
+from common import localcluster, netif, slurm_layout
 from common.cli import env_int
 from common.errors import EXIT_PEER_LOST, UsageError
 from common.job import Job
@@ -345,3 +345,39 @@ def serve(role: PSRole, local_rank: int, threads: int, wait_for: float, prog: st
               f"{wait_for:.0f} s; exiting", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(status)  # a TF server cannot be stopped; an interpreter exit could wait on its threads
+
+
+SERVER_LINGER_S = 20.0  # s the local launcher gives ps/worker servers to exit after the chief (they need about 2)
+
+
+# -- local launcher (--nproc, --ps) ----------------------------------------------------------------
+def strip_nproc(argv: list[str], flags: tuple[str, ...] = ("--nproc",)) -> list[str]:
+    """``argv`` without the launcher's own ``flags`` (and their values): what each launched process runs."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True
+            continue
+        if a.startswith(tuple(f"{f}=" for f in flags)):
+            continue
+        out.append(a)
+    return out
+
+
+def launch_local(prog: str, n: int, argv: list[str], ps: int = 0) -> int:
+    """Start n workers of this module with TF_CONFIG on loopback; the first failure stops the others.
+
+    With ``ps`` > 0 (parameter_server): a chief, n workers and ``ps`` parameter servers; the servers exit once the
+    chief has (and are killed SERVER_LINGER_S later if they have not). SIGTERM/SIGUSR1 sent to the launcher
+    (Slurm, scancel) are forwarded to every process; the workers (the chief) then checkpoint and exit 75, and the
+    launcher exits 75 too.
+    """
+    env = dict(os.environ, TWINBENCH_LAUNCH_COMMAND=json.dumps(list(sys.orig_argv)))
+    command = [sys.executable, "-m", prog, *strip_nproc(argv, ("--nproc", "--ps"))]
+    if ps:
+        return localcluster.supervise(localcluster.start_ps_cluster(n, ps, command, env), prog,
+                                      linger=SERVER_LINGER_S)
+    return localcluster.supervise(localcluster.start_tf_config_workers(n, command, env), prog)

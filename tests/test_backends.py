@@ -21,10 +21,19 @@ def test_mirrored_two_logical_cpus_equals_one_replica_double_batch(runner, tmp_p
     mir = only_result(tmp_path)
     assert mir["backend_info"]["strategy"] == "MirroredStrategy"
     assert mir["world_size"] == 2 and mir["num_workers"] == 1 and mir["backend_info"]["replicas_per_worker"] == 2
+    assert mir["input"]["path"] == "distributed"  # two local replicas: tf.distribute's input, a batch per replica
     one = runner("native", "--set", "per_replica_batch_size=32", workers=1)
     assert mir["global_batch_size"] == one["global_batch_size"]
     msg = first_divergence(mir["step_losses"], one["step_losses"], RTOL)
     assert msg is None, msg
+
+
+@pytest.mark.parametrize("mode", ["ctl", "fit"])
+def test_one_replica_workers_are_fed_by_their_own_iterator(runner, mode):
+    """Native MWMS workers with one replica each take the per-worker tf.data path, as Horovod ranks do: never
+    tf.distribute's distributed iterator, which halved native's CPU throughput on a real CNN (docs/findings.md)."""
+    for kind in ("native", "horovod"):
+        assert runner(kind, "--set", f"mode={mode}")["input"]["path"] == "per-worker", kind
 
 
 def test_one_device_baseline(tmp_path):

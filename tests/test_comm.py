@@ -77,3 +77,17 @@ def test_bad_native_knobs_exit_2_before_tensorflow(tmp_path, flags, says):
 
 def test_collective_record_default():
     assert Collective("auto", "ring", "x").to_dict() == {"requested": "auto", "used": "ring", "reason": "x"}
+
+
+@pytest.mark.distributed
+def test_bytes_per_pack_changes_grouping_not_arithmetic(runner):
+    """2 MWMS workers, gradients all-reduced in ~16 KiB packs: the same per-step losses, bit for bit, and the record
+    says which packs and which collective ran."""
+    packed = runner("native", "--set", "mode=ctl", "--bytes-per-pack", "16384")
+    plain = runner("native", "--set", "mode=ctl")
+    assert packed["step_losses"] == plain["step_losses"]
+    assert packed["trainable_weights_digest"] == plain["trainable_weights_digest"]
+    assert packed["tuning"]["knobs"]["bytes_per_pack"] == 16384 and packed["tuning"]["variant"] == "packs 0.015625 MiB"
+    assert plain["tuning"]["variant"] is None and plain["tuning"]["knobs"]["bytes_per_pack"] == 0
+    for rec in (packed, plain):  # auto on this GPU-less machine: RING, requested and used both recorded
+        assert rec["collective"] == {"requested": "auto", "used": "ring", "reason": "--comm auto and no GPU is visible"}

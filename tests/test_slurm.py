@@ -184,6 +184,9 @@ def test_srun_native_two_tasks(cluster, srun_native):
     assert all(w.startswith(f"{cluster.node}:") for w in info["cluster"]["workers"])
     assert r["hosts"] == [cluster.node] * 2
     assert r["weights_consistent"] and r["step_losses"][-1] < r["step_losses"][0]
+    slurm = r["machine"]["shared"]["slurm"]  # the machine block names the Slurm job the run was
+    assert slurm["job_id"].isdigit() and slurm["ntasks"] == 2 and slurm["num_nodes"] == 1, slurm
+    assert slurm["nodelist"] == cluster.node
 
 
 @distributed
