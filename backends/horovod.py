@@ -17,7 +17,17 @@ from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from backends.base import Backend, BaseOptions, Diagnosis, RankInfo, configure_threads, pin_one_gpu  # noqa: E402
+from backends import horovod_knobs as knobs_mod  # noqa: E402
+from backends.base import (  # noqa: E402
+    Backend,
+    BaseOptions,
+    Collective,
+    Diagnosis,
+    Knob,
+    RankInfo,
+    configure_threads,
+    pin_one_gpu,
+)
 from common import cli, runner  # noqa: E402
 from common.errors import UsageError, fail  # noqa: E402
 
@@ -28,17 +38,32 @@ PROG = "backends.horovod"
 class Options(BaseOptions):
     fp16_allreduce: bool = False  # compress gradients to float16 (off: it changes the math, parity needs it off)
     timeline: bool = False  # --profile-steps: Horovod's timeline can be started at run time (HOROVOD_TIMELINE)
+    knobs: knobs_mod.KnobFlags = knobs_mod.KnobFlags()  # none given: Horovod's defaults or the launcher's values
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
         return cls(threads=args.threads, cpu_bind=args.cpu_bind, fp16_allreduce=args.fp16_allreduce,
-                   timeline=getattr(args, "profile_steps", None) is not None)
+                   timeline=getattr(args, "profile_steps", None) is not None,
+                   knobs=knobs_mod.KnobFlags.from_args(args))
+
+
+class Parser(cli.OneLineParser):
+    """Refuses flags that are wrong only together (``--autotune-log`` without ``--autotune``) while parsing, so that
+    whoever parses a Horovod command line (this entry point, the sweep's --variant check) refuses it alike."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        ns, rest = super().parse_known_args(args, namespace)
+        problem = knobs_mod.check(ns)
+        if problem:
+            self.error(problem)
+        return ns, rest
 
 
 def parser() -> argparse.ArgumentParser:
-    p = cli.base_parser(PROG, "Run a twinbench job with Horovod (launch under horovodrun, mpirun or srun).")
+    p = cli.base_parser(PROG, "Run a twinbench job with Horovod (launch under horovodrun, mpirun or srun).", Parser)
     p.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to float16 for the allreduce (default off: exact parity with native)")
+    knobs_mod.add_arguments(p)
     return p
 
 
@@ -91,6 +116,8 @@ class HorovodBackend(Backend):
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.visible_gpus: str | None = None
+        self.gpu = False  # this rank kept a GPU (pin_one_gpu)
+        self.knob_env: dict[str, str] = {}  # the knobs' variables as hvd.init read them
 
     def _connect(self) -> RankInfo:
         try:
@@ -106,11 +133,15 @@ class HorovodBackend(Backend):
             # start_timeline() refuses to run unless HOROVOD_TIMELINE is set at init on every rank; DYNAMIC records
             # nothing until started (a user's own HOROVOD_TIMELINE=file is kept: that file is then switched)
             os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
+        knobs_mod.apply(self.opts.knobs, os.environ, PROG)  # Horovod reads them once, in hvd.init
+        self.knob_env = knobs_mod.snapshot(os.environ)
         hvd.init()
         threads, cpus, bound = configure_threads(hvd.local_size(), self.opts.threads, hvd.local_rank(),
                                                  self.opts.cpu_bind)
         pin = pin_one_gpu(hvd.local_rank(), PROG)
         self.visible_gpus = pin.visible
+        self.gpu = pin.device != "cpu"
+        self._warn_hierarchical()
         self.compression = hvd.Compression.fp16 if self.opts.fp16_allreduce else hvd.Compression.none
         return RankInfo(rank=hvd.rank(), num_workers=hvd.size(), local_rank=hvd.local_rank(),
                         local_size=hvd.local_size(), replicas_per_worker=1, device=pin.label(), threads=threads,
@@ -125,11 +156,46 @@ class HorovodBackend(Backend):
             "built": {"gloo": hvd.gloo_built(), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())},
             "compression": "fp16" if self.opts.fp16_allreduce else "none",
             "threads_per_process": self.info.threads,
-            "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default"),
-            "cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME", "default"),
             "device": self.info.device,
             "cuda_visible_devices": self.visible_gpus,
+            "hierarchical_allreduce_applies": self._hierarchical_applies(),
         }
+
+    def knobs(self) -> list[Knob]:
+        return knobs_mod.knobs(self.knob_env)
+
+    def collective(self) -> Collective:
+        """What carried the gradients: Horovod builds its op lists in this order and runs the first enabled one
+        (operations.cc CreateOperationManager, 0.28.1): NCCL for GPU tensors when built with it, then Gloo's CPU ops
+        when its Gloo context is on (controller gloo or HOROVOD_CPU_OPERATIONS=gloo: horovodrun --gloo sets both),
+        then oneCCL's, then MPI's (the CPU operations' default under an MPI controller, docs/install.rst)."""
+        hvd = self.hvd
+        if self.gpu and hvd.nccl_built():
+            return Collective("auto", "nccl", "GPU tensors, Horovod built with NCCL: its NCCL allreduce")
+        where = ("this rank's GPU tensors go through host memory (Horovod built without NCCL); "
+                 if self.gpu else "CPU tensors; ")
+        cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower()
+        if hvd.gloo_enabled():
+            return Collective("auto", "gloo", where + "Horovod's Gloo context is on, whose ops come first")
+        if cpu_ops == "ccl" and hvd.ccl_built():
+            return Collective("auto", "ccl", where + "HOROVOD_CPU_OPERATIONS=ccl")
+        if hvd.mpi_enabled():
+            return Collective("auto", "mpi", where + "MPI controller, MPI CPU operations")
+        return Collective("auto", "?", where + "neither Gloo nor MPI is enabled")
+
+    def _hierarchical_applies(self) -> bool | None:
+        """Whether Horovod honours HOROVOD_HIERARCHICAL_ALLREDUCE here (None: not asked): only across nodes and with
+        NCCL GPU allreduce (operations.cc:569-577); elsewhere it is silently off."""
+        if not knobs_mod.hierarchical_asked(self.knob_env):
+            return None
+        hvd = self.hvd
+        return bool(hvd.size() != hvd.local_size() and self.gpu and hvd.nccl_built())
+
+    def _warn_hierarchical(self) -> None:
+        if self._hierarchical_applies() is False and self.hvd.rank() == 0:
+            print(f"[{PROG}] warning: hierarchical allreduce asked for, but Horovod applies it only across nodes "
+                  "with NCCL GPU allreduce: it is off in this run (the record still says it was asked for)",
+                  file=sys.stderr, flush=True)
 
     def gradient_bytes(self, trainable_params: int) -> int:
         # float16 on the wire with --fp16-allreduce (Horovod compresses before the allreduce)

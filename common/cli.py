@@ -29,8 +29,9 @@ class OneLineParser(argparse.ArgumentParser):
         fail(self.prog, f"{message} (see --help)")
 
 
-def base_parser(prog: str, description: str) -> OneLineParser:
-    p = OneLineParser(prog=prog, description=description)
+def base_parser(prog: str, description: str, parser_class: type[OneLineParser] = OneLineParser) -> OneLineParser:
+    """The flags every entry point takes; ``parser_class``: a backend's subclass checking its flags together."""
+    p = parser_class(prog=prog, description=description)
     p.add_argument("--job", default=str(DEFAULT_JOB), help="job TOML file (default: jobs/smoke.toml)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a job key (repeatable); type-checked, unknown keys are an error")

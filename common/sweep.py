@@ -1,6 +1,7 @@
 """Scaling sweep on Slurm: submit every backend x world size with identical resources, then follow it.
 
-    python -m common.sweep submit --job jobs/X.toml --results DIR [--sizes 1,2,4,8] [--backends native,horovod]
+    python -m common.sweep submit --job jobs/X.toml --results DIR [--sizes 1,2,4,8]
+                                  [--backends native,horovod | --variant LABEL=BACKEND[:ARGS] ...]
                                   [--gres-per-node N] [--cpus-per-task C] [--time T] [--partition P]
                                   [--account A] [--exclusive] [--serial] [--hvd-launch srun|horovodrun]
                                   [--set KEY=VALUE ...] [--sbatch-arg ARG ...] [--backend-arg ARG ...]
@@ -13,6 +14,11 @@ nodes (``--gres-per-node``, default 4, GPUs per node; 0 = no GPUs, all tasks on 
 results JSON into its own directory ``DIR/<backend>-n<size>/`` and its log to ``DIR/logs/``; the Slurm job ids
 and those paths go into ``DIR/sweep-manifest.json`` (written after every submission, so a partial sweep is
 recorded). ``python -m common.report DIR`` reads the results of the whole sweep.
+
+``--variant LABEL=BACKEND[:ARGS]`` (repeatable, instead of ``--backends``) compares ways of running the backends
+in one submission: each variant runs at every size, with the same resources as every other run of that size, its
+flags after the shared ones, into ``DIR/<label>-n<size>/`` (e.g. ``--variant hvd-fusion32=horovod:--fusion-threshold-mb
+32 --variant hvd=horovod``). Each backend's own parser checks a variant's flags before anything is submitted.
 
 ``status`` says for every run whether it finished (a results JSON is there), failed, is running or pending,
 from the result files always and from squeue / sacct / scontrol where they answer ("unknown": Slurm no longer
@@ -38,6 +44,7 @@ from typing import Any, NoReturn
 import backends
 from common import cli
 from common import results as res
+from common import sweep_variants as sv
 from common.job import JobError, load_job
 
 PROG = "common.sweep"
@@ -125,7 +132,8 @@ def resource_args(lay: dict[str, int], a: argparse.Namespace) -> list[str]:
 def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every run of the sweep (not yet submitted) and the manifest header; SweepError on bad input."""
     sizes = parse_sizes(a.sizes)
-    chosen = parse_backends(a.backends)
+    variants = _variants(a)
+    chosen = list(dict.fromkeys(v.backend for v in variants))
     if a.gres_per_node < 0:
         raise SweepError(f"--gres-per-node must be >= 0, got {a.gres_per_node}")
     if a.cpus_per_task is not None and a.cpus_per_task < 1:
@@ -154,10 +162,12 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             raise SweepError(f"{cli.REPO / SCRIPTS[b]} is missing")
     runs = []
     for size in sizes:
-        for b in chosen:
-            name = f"{b}-n{size}"
+        for v in variants:
+            name = f"{v.label}-n{size}"
             runs.append({
-                "backend": b,
+                "backend": v.backend,
+                "variant": v.label,
+                "args": list(v.args),  # after the backend's shared flags (header backend_args)
                 "size": size,
                 **lays[size],
                 "name": name,
@@ -178,12 +188,28 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "job_hash": job.job_hash,
         "sizes": sizes,
         "backends": chosen,
+        "variants": [v.to_dict() for v in variants],
         "gres_per_node": a.gres_per_node,
         "hvd_launch": a.hvd_launch,
         "serial": a.serial,
         "backend_args": {b: [*a.backend_args, *vars(a)[f"{b}_args"]] for b in backends.names()},
     }
     return runs, header
+
+
+def _variants(a: argparse.Namespace) -> list[sv.Variant]:
+    """--variant's variants, their flags checked by their backend's parser; without it one per --backends entry."""
+    if not a.variants:
+        return sv.default_variants(parse_backends(a.backends or ",".join(backends.names())))
+    if a.backends is not None:
+        raise SweepError("--backends and --variant both choose what runs: give one of them")
+    try:
+        variants = sv.parse_variants(a.variants)
+        for v in variants:
+            sv.check_flags(v, [*a.backend_args, *vars(a)[f"{v.backend}_args"]])
+    except ValueError as e:
+        raise SweepError(str(e)) from None
+    return variants
 
 
 def sbatch_command(run: dict[str, Any], header: dict[str, Any], results: Path,
@@ -196,7 +222,7 @@ def sbatch_command(run: dict[str, Any], header: dict[str, Any], results: Path,
             str(results / run["results_dir"]), "--quiet"]
     for s in header["sets"]:
         cmd += ["--set", s]
-    return cmd + list(header["backend_args"][run["backend"]])
+    return cmd + list(header["backend_args"][run["backend"]]) + list(run.get("args", []))
 
 
 def submit(a: argparse.Namespace) -> int:
@@ -216,7 +242,7 @@ def submit(a: argparse.Namespace) -> int:
             print(env_prefix, shlex.join(sbatch_command(run, header, results, dep)))
             prev = f"<job {i + 1}>"
         print(f"[{PROG}] dry run: {len(runs)} job(s) not submitted; results would land in "
-              f"{results}/<backend>-n<size>/, the manifest in {results / MANIFEST}", flush=True)
+              f"{results}/<variant>-n<size>/, the manifest in {results / MANIFEST}", flush=True)
         return 0
     if shutil.which("sbatch") is None:
         fail("sbatch not found: run this on a Slurm login node (or pass --dry-run to see the commands)")
@@ -311,7 +337,8 @@ def classify(run: dict[str, Any], root: Path, slurm: dict[str, str] | None) -> d
         detail = slurm["reason"]
     elif state == "failed":
         detail = "no results JSON" + (f", exit {slurm['exit_code']}" if (slurm or {}).get("exit_code") else "")
-    return {"backend": run["backend"], "size": run["size"], "job_id": run["job_id"], "state": state,
+    return {"backend": run["backend"], "variant": run.get("variant", run["backend"]), "size": run["size"],
+            "job_id": run["job_id"], "state": state,
             "slurm_state": sstate or None, "detail": detail, "results": files, "log": str(root / run["log"])}
 
 
@@ -344,7 +371,8 @@ def print_table(rows: list[dict[str, Any]], root: Path) -> None:
     for r in rows:
         where = (os.path.relpath(r["results"][-1], root) if r["results"] else
                  f"{r['detail']}; log {os.path.relpath(r['log'], root)}" if r["state"] == "failed" else r["detail"])
-        lines.append((r["backend"], str(r["size"]), str(r["job_id"]), r["state"], r["slurm_state"] or "-", where))
+        name = r["backend"] if r["variant"] == r["backend"] else f"{r['variant']} ({r['backend']})"
+        lines.append((name, str(r["size"]), str(r["job_id"]), r["state"], r["slurm_state"] or "-", where))
     widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head) - 1)]
     for row in [head, *lines]:
         print("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
@@ -393,8 +421,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="job override passed to every run (repeatable)")
     s.add_argument("--sizes", default="1,2,4,8", help="world sizes (GPUs = tasks), comma separated (default 1,2,4,8)")
-    s.add_argument("--backends", default=",".join(backends.names()),
-                   help=f"comma separated (default {','.join(backends.names())})")
+    s.add_argument("--backends", default=None,
+                   help=f"comma separated (default {','.join(backends.names())}, each with its default flags)")
+    s.add_argument("--variant", dest="variants", action="append", default=[], metavar="LABEL=BACKEND[:ARGS]",
+                   help="instead of --backends: a backend run with its own flags, at every size, into LABEL-nSIZE "
+                        "(repeatable), e.g. --variant 'hvd-fusion32=horovod:--fusion-threshold-mb 32'")
     s.add_argument("--results", required=True, help="sweep directory: results, logs and the manifest")
     s.add_argument("--gres-per-node", type=int, default=4,
                    help="GPUs per node (default 4): a size above it takes size/N whole nodes; 0 = no GPUs")

@@ -58,6 +58,7 @@ _KEEP: list = []
 # name: (arguments or prep(tmp_path) -> (arguments, extra env), what the one line must say, backends it applies to)
 BOTH = ("backends.native", "backends.horovod")
 NATIVE = ("backends.native",)
+HOROVOD = ("backends.horovod",)
 CASES = {
     "unknown-set-key": (["--set", "bogus=1"], "unknown job key", BOTH),
     "mistyped-set-key": (["--set", "per_replica_batchsize=4"], "did you mean", BOTH),
@@ -92,6 +93,18 @@ CASES = {
     "slurm-plane-distribution": (_slurm(SLURM_DISTRIBUTION="plane=2"), "'plane' is not supported", NATIVE),
     "port-out-of-range": ((lambda tmp: (["--port-base", "70000"], _slurm()(tmp)[1])), "out of range", NATIVE),
     "port-in-use": (_bound_port, "already in use", NATIVE),
+    # Horovod's tuning knobs (backends/horovod_knobs.py); native has none of them: argparse's unknown argument
+    "fusion-not-a-number": (["--fusion-threshold-mb", "abc"], "--fusion-threshold-mb: expected a size in MiB >= 0",
+                            HOROVOD),
+    "fusion-negative": (["--fusion-threshold-mb", "-4"], "--fusion-threshold-mb: expected a size in MiB >= 0",
+                        HOROVOD),
+    "cycle-time-zero": (["--cycle-time-ms", "0"], "--cycle-time-ms: expected a time in ms > 0", HOROVOD),
+    "cycle-time-negative": (["--cycle-time-ms", "-1"], "--cycle-time-ms: expected a time in ms > 0", HOROVOD),
+    "cache-capacity-negative": (["--cache-capacity", "-1"], "--cache-capacity: expected a whole number >= 0",
+                                HOROVOD),
+    "autotune-log-alone": (["--autotune-log", "trials.csv"], "--autotune-log needs --autotune", HOROVOD),
+    "hierarchical-on-native": (["--hierarchical-allreduce"], "unrecognized arguments: --hierarchical-allreduce",
+                               NATIVE),
 }
 PAIRS = [(m, c) for c in sorted(CASES) for m in CASES[c][2]]
 

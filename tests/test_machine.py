@@ -135,7 +135,7 @@ def test_records_carry_the_block_through_gather_and_make_record() -> None:
     backend = types.SimpleNamespace(
         name="native", num_workers=1, uses_coordinator=False, allgather=lambda x: [x],
         info=types.SimpleNamespace(local_rank=0, local_size=1, cpus=(0,), cpu_bind="none", device="cpu"),
-        describe=lambda: {}, gradient_bytes=lambda n: 4 * n, knobs=lambda: [],
+        describe=lambda: {}, gradient_bytes=lambda n: 4 * n, knobs=lambda: [], input_path="per-worker",
         collective=lambda: types.SimpleNamespace(to_dict=lambda: {}))
     built = types.SimpleNamespace(model=types.SimpleNamespace(weights=[], trainable_weights=[],
                                                               trainable_variables=[]))

@@ -31,6 +31,7 @@ from common.report.render import (
     INTERVAL_METHOD,
     KEY_JOB_FIELDS,
     TABLE_HEADER,
+    format_best_table,
     format_csv,
     format_markdown,
     format_ratio_table,
@@ -48,9 +49,9 @@ _median = median  # the name tests/test_report.py checks against statistics.medi
 __all__ = [
     "CSV_COLUMNS", "DEFINITIONS", "INTERVAL_METHOD", "KEY_JOB_FIELDS", "NA", "NO_INTERVAL", "OTHER_KINDS", "SCHEMA",
     "TABLE_HEADER", "JobSummary", "MixedVersionsError", "RatioRow", "Report", "ReportError", "Row", "build_report",
-    "check_run", "check_versions", "different_jobs_message", "format_allreduce", "format_csv", "format_markdown",
-    "format_model", "format_ratio_table", "format_section", "format_table", "job_diff", "load_allreduce",
-    "load_runs", "main", "mean_ci95", "median", "order_backends", "plot_allreduce", "plot_job",
+    "check_run", "check_versions", "different_jobs_message", "format_allreduce", "format_best_table", "format_csv",
+    "format_markdown", "format_model", "format_ratio_table", "format_section", "format_table", "job_diff",
+    "load_allreduce", "load_runs", "main", "mean_ci95", "median", "order_backends", "plot_allreduce", "plot_job",
     "recompute_job_hash", "result_files", "select_jobs", "summarize", "t_quantile_975", "version_mix",
     "write_report",
 ]

@@ -13,8 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from common.report.base import NA, NO_INTERVAL, fmt_value
+from common.report.best import best_ratios, best_rows
 from common.report.machines import format_machines
-from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, Row, input_text, order_backends, row_label
+from common.report.summary import (
+    RATIO_DEN,
+    RATIO_NUM,
+    JobSummary,
+    RatioRow,
+    Row,
+    input_text,
+    order_backends,
+    row_label,
+)
 from common.report.versions import versions_by_key
 
 INTERVAL_METHOD = (
@@ -34,14 +44,14 @@ KEY_JOB_FIELDS = ("model", "dataset", "per_replica_batch_size", "steps", "epochs
                   "lr_scaling", "mode", "mixed_precision", "xla", "seed")  # shown in each job's header
 TABLE_HEADER = ("backend", "replicas", "workers", "repeats", "img/s median", "img/s mean", "95% CI of mean",
                 "speedup", "efficiency", "step p50 (ms)", "step p95 (ms)", "first step (s)", "final loss",
-                "input wait")
+                "input wait", "collective")
 CSV_COLUMNS = (
     "job_hash", "job_name", "backend", "world_size", "num_workers", "repeats", "global_batch_size",
     "images_per_sec_median", "images_per_sec_mean", "images_per_sec_stdev", "images_per_sec_ci95_low",
     "images_per_sec_ci95_high", "images_per_sec_min", "images_per_sec_max", "speedup", "efficiency",
     f"{RATIO_NUM}_{RATIO_DEN}_ratio", "step_time_p50_s", "step_time_p95_s", "step_time_mean_s",
     "time_to_first_step_s", "timed_wall_time_s", "final_loss", "input_method", "input_wait_fraction",
-    "input_verdict",
+    "input_verdict", "collective", "variant",
 )
 
 
@@ -88,21 +98,52 @@ def format_table(summary: JobSummary) -> str:
     body = [[r.backend, str(r.world_size), str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f"),
              f(r.ips_mean, ".1f"), _ci_text(r), f(r.speedup, ".2f", suffix="x"),
              f(r.efficiency, ".1f", 100, "%"), f(r.step_p50, ".2f", 1e3), f(r.step_p95, ".2f", 1e3),
-             f(r.time_to_first_step, ".2f"), f(r.final_loss, ".4f"), input_text(r)] for r in summary.rows]
+             f(r.time_to_first_step, ".2f"), f(r.final_loss, ".4f"), input_text(r), r.collective or NA]
+            for r in summary.rows]
     return md_table(TABLE_HEADER, body)
 
 
 def format_ratio_table(summary: JobSummary) -> str:
     """backends.RATIO median throughput (numerator / denominator) per world size in Markdown."""
     header = ("replicas", f"{RATIO_DEN} img/s", f"{RATIO_NUM} img/s", f"{RATIO_NUM}/{RATIO_DEN}",
-              f"workers ({RATIO_DEN} / {RATIO_NUM})")
+              f"workers ({RATIO_DEN} / {RATIO_NUM})", f"collective ({RATIO_DEN} / {RATIO_NUM})", "like for like")
     body = [[str(q.world_size), fmt_num(q.den_ips, ".1f"), fmt_num(q.num_ips, ".1f"), fmt_num(q.ratio, ".3f"),
              f"{q.den_workers if q.den_workers is not None else NA} / "
-             f"{q.num_workers if q.num_workers is not None else NA}"] for q in summary.ratios]
+             f"{q.num_workers if q.num_workers is not None else NA}",
+             f"{q.den_collective or NA} / {q.num_collective or NA}", _like_for_like(q)] for q in summary.ratios]
     if any(q.machine for q in summary.ratios):  # a job run on several machines: each pair's own
         header += ("machine",)
         body = [[*b, q.machine or NA] for b, q in zip(body, summary.ratios)]
     return md_table(header, body)
+
+
+def _like_for_like(q: RatioRow) -> str:
+    if q.caveat:
+        return f"no: {q.caveat}"
+    return "yes" if q.ratio is not None and q.den_collective and q.num_collective else NA
+
+
+def format_best_table(summary: JobSummary) -> str | None:
+    """Best vs best (common.report.best) in Markdown: per backend and size the default and the fastest variant,
+    then the backend ratio of the fastest beside that of the defaults; None when the job has no variants."""
+    cells = best_rows(summary)
+    if not cells:
+        return None
+    f = fmt_num
+    body = [[c.backend, str(c.world_size), f(c.default.ips_median if c.default else None, ".1f"), c.best_name,
+             f(c.best.ips_median, ".1f"), f(c.best.ips_median / c.default.ips_median if c.default else None, ".3f")]
+            for c in cells]
+    lines = [md_table(("backend", "replicas", "default img/s", "fastest variant", "fastest img/s",
+                       "fastest / default"), body), ""]
+    ratios = [[str(q.world_size), f(q.default_ratio, ".3f"), f(q.best_ratio, ".3f"), q.den_best, q.num_best]
+              for q in best_ratios(cells)]
+    if ratios:
+        lines += [md_table(("replicas", f"{RATIO_NUM}/{RATIO_DEN} defaults", f"{RATIO_NUM}/{RATIO_DEN} fastest",
+                            f"fastest {RATIO_DEN}", f"fastest {RATIO_NUM}"), ratios), ""]
+    lines.append("Fastest = the highest median img/s among a backend's variants at that size (its default "
+                 "strategy only); the maximum of several noisy medians favours a lucky variant, so check its interval "
+                 "in the scaling table before trusting a small gap.")
+    return "\n".join(lines)
 
 
 def _rank_strings(runs: Sequence[Mapping[str, Any]], key: str) -> list[str]:
@@ -141,8 +182,10 @@ def _head(s: JobSummary, h: str) -> list[str]:
     if mix:
         lines += [f"**Mixed CPU binding**: {md_escape(mix)}. Binding alone moved a backend's throughput by 8-43% "
                   "on the CPU machine of README's \"CPU binding\": compare runs bound alike.", ""]
-    return lines + [f"{h}# Scaling", "", format_table(s), "",
-                    f"{h}# {RATIO_NUM} / {RATIO_DEN} throughput", "", format_ratio_table(s), ""]
+    lines += [f"{h}# Scaling", "", format_table(s), "",
+              f"{h}# {RATIO_NUM} / {RATIO_DEN} throughput", "", format_ratio_table(s), ""]
+    best = format_best_table(s)
+    return lines + ([f"{h}# Best vs best", "", best, ""] if best else [])
 
 
 HOME_PATTERN = re.compile(r"(?:/home|/Users)/[^/\s'\"]+|/root(?=/|\s|$|['\"])")  # home directories on Linux,
@@ -278,5 +321,6 @@ def format_csv(summaries: Sequence[JobSummary]) -> str:
                         c(r.global_batch_size), c(r.ips_median), c(r.ips_mean), c(r.ips_stdev), c(lo), c(hi),
                         c(min(r.ips)), c(max(r.ips)), c(r.speedup), c(r.efficiency), c(r.ratio), c(r.step_p50),
                         c(r.step_p95), c(r.step_mean), c(r.time_to_first_step), c(r.timed_wall_time),
-                        c(r.final_loss), r.input_method or "", c(r.input_fraction), r.input_verdict or ""])
+                        c(r.final_loss), r.input_method or "", c(r.input_fraction), r.input_verdict or "",
+                        r.collective or "", r.variant or ""])
     return buf.getvalue()

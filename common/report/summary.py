@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,6 +68,11 @@ class Row:
     def pair_key(self) -> tuple[str, int, int]:
         """What a ratio pairs on when a world size has several rows: hardware, nodes, workers."""
         return self.hardware, -1 if self.nodes is None else self.nodes, self.num_workers
+    base: str = ""  # the runs' backend (``backend`` is the row label)
+    variant: str | None = None  # the runs' tuning variant (``RunRecord.tuning.variant``); None: default knobs
+    comparable: bool = True  # the backend's default way of training (strategy, synchronous): in best vs best
+    collective: str | None = None  # ``RunRecord.collective.used`` of the repeats ("a, b" if they differ); None: unknown
+    gpu: bool = False  # a repeat ran on GPUs (its devices name one)
 
 
 @dataclass
@@ -80,6 +86,9 @@ class RatioRow:
     num_ips: float | None
     ratio: float | None
     machine: str = ""  # the pair's hardware and nodes when the job ran on several machines ("": one machine)
+    den_collective: str | None = None  # the rows' used collectives
+    num_collective: str | None = None
+    caveat: str | None = None  # why the ratio is not like for like (collectives_caveat), None when it is
 
 
 @dataclass
@@ -117,6 +126,7 @@ def _final_loss(run: Mapping[str, Any]) -> float | None:
 
 def _make_row(backend: str, ws: int, nw: int, runs: list[dict[str, Any]]) -> Row:
     ips = [float(r["images_per_sec"]) for r in runs]
+    used = sorted({c for r in runs if (c := run_collective(r))})
     gbs = Counter(r.get("global_batch_size") for r in runs if isinstance(r.get("global_batch_size"), int))
     return Row(
         backend=backend,
@@ -137,6 +147,11 @@ def _make_row(backend: str, ws: int, nw: int, runs: list[dict[str, Any]]) -> Row
         final_loss=median(_final_loss(r) for r in runs),
         files=[r.get("_path", "?") for r in runs],
         **_input_fields(runs),
+        base=str(runs[0]["backend"]),
+        variant=run_variant(runs[0]),  # one label, one variant
+        comparable=run_strategy(runs[0]) is None and runs[0].get("asynchronous") is not True,
+        collective=", ".join(used) if used else None,
+        gpu=any(gpu_run(r) for r in runs),
     )
 
 
@@ -179,12 +194,47 @@ def run_strategy(run: Mapping[str, Any]) -> str | None:
     return None if name in (DEFAULT_STRATEGY, run["backend"]) else name
 
 
+def run_variant(run: Mapping[str, Any]) -> str | None:
+    """The run's tuning variant (``RunRecord.tuning.variant``, e.g. "fusion 32 MiB"), None at the default knobs;
+    files from before the record had ``tuning`` count as default."""
+    tuning = run.get("tuning")
+    variant = tuning.get("variant") if isinstance(tuning, Mapping) else None
+    return variant if isinstance(variant, str) and variant else None
+
+
+def run_collective(run: Mapping[str, Any]) -> str | None:
+    """The collective that carried the run's gradients (``RunRecord.collective.used``), None when not recorded."""
+    c = run.get("collective")
+    used = c.get("used") if isinstance(c, Mapping) else None
+    return used if isinstance(used, str) and used else None
+
+
+_GPU = re.compile(r"gpu:", re.IGNORECASE)  # TensorFlow's device names: "/physical_device:GPU:0", "/gpu:0"
+
+
+def gpu_run(run: Mapping[str, Any]) -> bool:
+    """A rank of the run computed on a GPU (its ``devices`` name one; "cpu (CUDA_VISIBLE_DEVICES=0)" does not)."""
+    devices = run.get("devices")
+    return isinstance(devices, list) and any(_GPU.search(str(d)) for d in devices)
+
+
+def collectives_caveat(den: Row, num: Row) -> str | None:
+    """Why a ratio of these rows does not compare like for like, or None: on GPUs, NCCL on one side only (e.g.
+    native ring, whose gRPC collectives go through host memory, against Horovod's NCCL)."""
+    if not (den.gpu or num.gpu) or den.collective is None or num.collective is None:
+        return None
+    if (den.collective == "nccl") == (num.collective == "nccl"):
+        return None
+    return f"{RATIO_DEN} {den.collective} vs {RATIO_NUM} {num.collective} on GPUs"
+
+
 def row_label(run: Mapping[str, Any]) -> str:
     """The backend column of a run's row: its backend, or with a strategy other than the default e.g. "native
-    (mirrored)", and for an asynchronous run (``RunRecord.asynchronous``: parameter-server training) "native
-    (parameter_server, asynchronous)": rows of their own, never merged with the default strategy's, outside the
-    backend ratio (which compares the backends' default ways of training)."""
-    parts = [s for s in (run_strategy(run),) if s]
+    (mirrored)", with tuning knobs not at their defaults e.g. "horovod (fusion 32 MiB)", and for an asynchronous
+    run (``RunRecord.asynchronous``: parameter-server training) "native (parameter_server, asynchronous)": rows of
+    their own, never merged with the default's, outside the backend ratio (which compares the backends' default
+    ways of training; variants meet in the report's best vs best table)."""
+    parts = [s for s in (run_strategy(run), run_variant(run)) if s]
     if run.get("asynchronous") is True:
         parts = [*(parts or ["?"]), "asynchronous"]
     return f"{run['backend']} ({', '.join(parts)})" if parts else str(run["backend"])
@@ -260,9 +310,14 @@ def _ratios(rows: list[Row], notes: list[str]) -> list[RatioRow]:
             if d is None and n is None:  # only other backends ran at this world size
                 continue
             ratio = n.ips_median / d.ips_median if d and n else None
+            caveat = collectives_caveat(d, n) if d and n else None
             ratios.append(RatioRow(ws, d.num_workers if d else None, n.num_workers if n else None,
                                    d.ips_median if d else None, n.ips_median if n else None, ratio,
-                                   _pair_machine(d, n, several)))
+                                   machine=_pair_machine(d, n, several), den_collective=d.collective if d else None,
+                                   num_collective=n.collective if n else None, caveat=caveat))
+            if caveat:
+                notes.append(f"at world size {ws} the {RATIO_NUM}/{RATIO_DEN} ratio is not like for like ({caveat}): "
+                             "it compares the collectives as much as the backends")
             for r in (d, n):
                 if r is not None:
                     r.ratio = ratio
@@ -309,6 +364,15 @@ def _run_notes(job: Mapping[str, Any], runs: list[dict[str, Any]], rows: list[Ro
         notes.append(f"{label}: rows of their own (another tf.distribute strategy than {RATIO_DEN}'s default "
                      f"{DEFAULT_STRATEGY}); not in the {RATIO_NUM}/{RATIO_DEN} ratio, speedup against its own "
                      "1-replica run")
+    for label in dict.fromkeys(row_label(r) for r in runs if r.get("asynchronous") is not True
+                               and not run_strategy(r) and run_variant(r)):
+        notes.append(f"{label}: rows of their own (tuning knobs not at their defaults, see each run's tuning); "
+                     f"not in the {RATIO_NUM}/{RATIO_DEN} ratio of the defaults (see Best vs best), speedup against "
+                     "its own 1-replica run")
+    for r in rows:
+        if r.collective and "," in r.collective:
+            notes.append(f"{r.backend} at {r.world_size} replicas: its repeats used different collectives "
+                         f"({r.collective}); pin one (native --comm) to compare like with like")
     _input_notes(runs, notes)
 
 
