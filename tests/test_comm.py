@@ -1,4 +1,4 @@
-"""Native collective resolution and CommunicationOptions knobs: what MWMS is given is what the record says."""
+"""Collectives and tuning knobs: what each backend is given is what the record says, and knobs keep the arithmetic."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from backends import native
 from backends.base import Collective, tuning_record
-from tests.conftest import PY, SMOKE, run
+from tests.conftest import PY, SMOKE, first_divergence, run
 
 
 @pytest.mark.parametrize(("requested", "has_gpu", "used"), [
@@ -91,3 +91,27 @@ def test_bytes_per_pack_changes_grouping_not_arithmetic(runner):
     assert plain["tuning"]["variant"] is None and plain["tuning"]["knobs"]["bytes_per_pack"] == 0
     for rec in (packed, plain):  # auto on this GPU-less machine: RING, requested and used both recorded
         assert rec["collective"] == {"requested": "auto", "used": "ring", "reason": "--comm auto and no GPU is visible"}
+
+
+@pytest.mark.distributed
+def test_horovod_knobs_change_when_gradients_travel_not_what_they_sum(runner):
+    """``--fusion-threshold-mb 1 --cycle-time-ms 2`` repack and retime Horovod's allreduces: at 2 ranks every sum is
+    a + b, exact in any grouping, so the per-step losses must be bit-identical to the run at Horovod's defaults.
+    mlp_hidden=512 makes the first kernel 1.6 MB: above the 1 MiB threshold, it travels alone instead of fused with
+    the rest, so the knob really changes the packing. The record holds the knobs; the job (and hash) is the same."""
+    job = ("--set", "mlp_hidden=512")
+    plain = runner("horovod", *job)
+    tuned = runner("horovod", *job, "--fusion-threshold-mb", "1", "--cycle-time-ms", "2")
+    assert tuned["job_hash"] == plain["job_hash"], "knobs are not job keys"
+    assert tuned["initial_weights_digest"] == plain["initial_weights_digest"]
+    assert tuned["step_losses"] == plain["step_losses"], first_divergence(plain["step_losses"],
+                                                                          tuned["step_losses"], 0.0)
+    assert tuned["weights_digest"] == plain["weights_digest"]
+    t, p = tuned["tuning"], plain["tuning"]
+    assert t["knobs"]["fusion_threshold_bytes"] == 1024 * 1024 and t["knobs"]["cycle_time_ms"] == 2.0
+    assert t["defaults"]["fusion_threshold_bytes"] == 128 * 1024 * 1024 and t["defaults"]["cycle_time_ms"] == 1.0
+    assert t["variant"] == "fusion 1 MiB, cycle 2 ms"
+    assert t["env"]["HOROVOD_FUSION_THRESHOLD"] == "1048576" and t["env"]["HOROVOD_CYCLE_TIME"] == "2.0"
+    assert p["variant"] is None and p["knobs"] == p["defaults"] and "HOROVOD_FUSION_THRESHOLD" not in p["env"]
+    assert tuned["collective"]["used"] == plain["collective"]["used"] == "gloo"  # horovodrun --gloo, CPU
+    assert tuned["step_losses"][-1] < tuned["step_losses"][0]  # it trained

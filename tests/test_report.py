@@ -466,3 +466,16 @@ def test_mixed_cpu_binding_is_said_in_the_report(tmp_path: Path) -> None:
     assert binding_mix([make_run("native", 1, 1.0), make_run("horovod", 1, 1.0)]) is None  # no record: no claim
     assert binding_mix([make_run("native", 2, 1.0, **bound("self")), make_run("native", 2, 1.0)]) == \
         "native: self, unknown"
+
+
+def test_backends_fed_differently_are_named() -> None:
+    """A native run fed through tf.distribute's distributed input next to Horovod's per-worker input: said once;
+    both per-worker: nothing said."""
+    def note(native_path: str) -> list[str]:
+        runs = [make_run("native", 1, 100.0, input={"path": native_path}),
+                make_run("horovod", 1, 120.0, input={"path": "per-worker"})]
+        return [n for n in report.summarize(runs)[0].notes if "fed differently" in n]
+
+    assert note("per-worker") == []
+    (line,) = note("distributed")
+    assert "native: distributed" in line and "horovod: per-worker" in line

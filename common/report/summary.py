@@ -393,6 +393,22 @@ def _input_notes(runs: list[dict[str, Any]], notes: list[str]) -> None:
                         if "gap" in methods else ""))
     for reason, labels in _not_measured(runs).items():
         notes.append(f"{', '.join(labels)}: input wait not measured ({reason})")
+    _input_path_note(runs, notes)
+
+
+def _input_path_note(runs: list[dict[str, Any]], notes: list[str]) -> None:
+    """One line when the backends were fed through different input paths (RunRecord.input.path)."""
+    paths: dict[str, set[str]] = {}
+    for r in runs:
+        i = r.get("input")
+        if isinstance(i, Mapping) and isinstance(i.get("path"), str):
+            paths.setdefault(row_label(r), set()).add(i["path"])
+    if len(set().union(*paths.values()) if paths else set()) > 1:
+        fed = "; ".join(f"{label}: {', '.join(sorted(p))}" for label, p in paths.items())
+        notes.append(f"the backends were fed differently ({fed}): \"per-worker\" = each process's own tf.data "
+                     "iterator into the step, \"distributed\" = tf.distribute's distributed input (a "
+                     "MultiDeviceIterator), which cost native about half its CPU throughput on a real CNN "
+                     "(docs/findings.md)")
 
 
 def _not_measured(runs: list[dict[str, Any]]) -> dict[str, list[str]]:
