@@ -87,7 +87,7 @@ def test_bytes_per_pack_changes_grouping_not_arithmetic(runner):
     plain = runner("native", "--set", "mode=ctl")
     assert packed["step_losses"] == plain["step_losses"]
     assert packed["trainable_weights_digest"] == plain["trainable_weights_digest"]
-    assert packed["tuning"]["knobs"]["bytes_per_pack"] == 16384 and packed["tuning"]["variant"] == "packs 0.015625 MiB"
+    assert packed["tuning"]["knobs"]["bytes_per_pack"] == 16384 and packed["tuning"]["variant"] == "packs 16 KiB"
     assert plain["tuning"]["variant"] is None and plain["tuning"]["knobs"]["bytes_per_pack"] == 0
     for rec in (packed, plain):  # auto on this GPU-less machine: RING, requested and used both recorded
         assert rec["collective"] == {"requested": "auto", "used": "ring", "reason": "--comm auto and no GPU is visible"}

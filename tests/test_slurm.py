@@ -379,6 +379,32 @@ def test_sweep_report_reads_the_sweep(sweep):
 
 
 @distributed
+def test_sweep_with_variants_reports_variant_rows_and_best_vs_best(cluster, tmp_path):
+    """Four variants at one task each, on identical resources, one after another: default and tuned native and
+    Horovod; the report keeps the tuned runs in rows of their own and sets the fastest against the defaults."""
+    out = tmp_path / "variants"
+    variants = ["nat=native", "nat-packs=native:--bytes-per-pack 16384", "hvd=horovod",
+                "hvd-fusion1=horovod:--fusion-threshold-mb 1"]
+    cluster.run([PY, "-m", "common.sweep", "submit", "--job", SMOKE, "--sizes", "1", "--results", str(out),
+                 "--gres-per-node", "1", "--cpus-per-task", "2", "--time", "00:10:00", "--serial",
+                 *(x for v in variants for x in ("--variant", v))])
+    manifest = json.loads((out / "sweep-manifest.json").read_text())
+    assert [r["variant"] for r in manifest["runs"]] == ["nat", "nat-packs", "hvd", "hvd-fusion1"]
+    assert len({tuple(r["resources"]) for r in manifest["runs"]}) == 1, "identical resources for every variant"
+    final = subprocess.run([PY, "-m", "common.sweep", "status", str(out), "--wait", str(JOB_TIMEOUT * 4), "--poll",
+                            "1"], cwd=REPO, env=cluster.env(), capture_output=True, text=True,
+                           timeout=JOB_TIMEOUT * 4 + 60)
+    assert final.returncode == 0, final.stdout + final.stderr
+    packed = only_result(out / "nat-packs-n1")
+    assert packed["tuning"]["knobs"]["bytes_per_pack"] == 16384 and packed["machine"]["shared"]["slurm"]["job_id"]
+    proc = run([PY, "-m", "common.report", str(out), "--no-plots", "--out", str(tmp_path / "report")], check=False)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| native (packs 16 KiB) | 1 |" in text and "| horovod (fusion 1 MiB) | 1 |" in text
+    assert "# Best vs best" in text
+
+
+@distributed
 def test_sweep_status_reports_failed_runs(cluster, tmp_path):
     """A run that exits non-zero without a results JSON is 'failed' (status exit 1); no TensorFlow starts."""
     out = tmp_path / "sw"
