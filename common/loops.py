@@ -1,15 +1,9 @@
 """The two training loops, Keras ``fit`` and a custom ``tf.function`` loop, and what runs around every step.
 
-Same math on both backends (the loss-scaling rules of the tf.distribute tutorial):
-- each replica's objective is sum(per-example loss) / GLOBAL batch + regularisation / replicas, and the
-  backends SUM gradients across replicas (MWMS ``apply_gradients``; Horovod ``op=Sum``), which equals the
-  gradient of the global-batch mean loss plus the regularisation counted once;
-- in ``fit`` Keras applies the same rule itself under a strategy; under Horovod each rank's Keras loss is its
-  local mean and ``DistributedOptimizer`` averages, which is the same quantity;
-- the LR warm-up is Horovod's ``LearningRateWarmupCallback`` rule, re-implemented for the native backend and
-  the custom loop (``warmup_multiplier``), momentum correction off on both sides.
-Per-step losses are recorded locally (no extra collective inside the timed loop) and averaged across ranks
-once at the end: every replica has the same batch size, so the mean of replica means is the global mean.
+Both take the job's objective and LR schedule from ``common.objective`` (the loss-scaling rules that make both
+backends compute the same math). Per-step losses are recorded locally (no extra collective inside the timed loop)
+and averaged across ranks once at the end: every replica has the same batch size, so the mean of replica means is
+the global mean.
 """
 
 from __future__ import annotations
@@ -26,24 +20,8 @@ from backends.base import Backend
 from common import inputwait
 from common import reliability as rel
 from common.job import Job
+from common.objective import lr_at_step, replica_objective
 from common.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS, RunOptions
-
-
-def warmup_multiplier(epoch: float, steps_per_epoch: int, replicas: int, warmup_epochs: int) -> float:
-    """Horovod's warm-up multiplier (horovod/_keras/callbacks.py) at fractional ``epoch`` = e + batch/spe.
-
-    Goes from ~1/replicas at the first batch to exactly 1 at the last batch of epoch ``warmup_epochs - 1``.
-    """
-    epoch += 1.0 / steps_per_epoch
-    return 1.0 / replicas * (epoch * (replicas - 1) / warmup_epochs + 1)
-
-
-def lr_at_step(step: int, lr: float, steps_per_epoch: int, replicas: int, warmup_epochs: int) -> float | None:
-    """LR to set before 0-based global ``step``; None after warm-up (the LR then stays where warm-up left it)."""
-    epoch, batch = divmod(step, steps_per_epoch)
-    if warmup_epochs <= 0 or epoch >= warmup_epochs:
-        return None
-    return lr * warmup_multiplier(epoch + batch / steps_per_epoch, steps_per_epoch, replicas, warmup_epochs)
 
 
 @dataclass(frozen=True)
@@ -368,20 +346,9 @@ def _ctl_step_fn(job: Job, backend: Backend, model: Any, optimizer: Any, plan: P
     """One replica's step: forward, loss scaled by the global batch, gradients through the backend's tape."""
     import tensorflow as tf
 
-    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
     mixed = job.mixed_precision
-    gb, replicas = plan.global_batch, plan.replicas
-
-    def forward(x: Any, y: Any) -> Any:
-        per_example = loss_obj(y, model(x, training=True))
-        # Divide by the GLOBAL batch: the backends then SUM gradients across replicas.
-        loss = tf.nn.compute_average_loss(per_example, global_batch_size=gb)
-        if model.losses:
-            # Regularisation counted once in total, not once per replica (tf.nn.scale_regularization_loss
-            # only knows tf.distribute's replica count, not Horovod's, so divide explicitly).
-            loss += tf.add_n(model.losses) / replicas
-        return loss
+    replicas = plan.replicas
+    forward = replica_objective(job, model, plan.global_batch, replicas)
 
     if job.xla:  # compile the collective-free part only: Horovod's allreduce is not an XLA op
         forward = tf.function(forward, jit_compile=True)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from backends.base import Backend
 from common import inputwait
 from common.job import Job
+from common.objective import replica_objective
 
 if TYPE_CHECKING:
     from common.loops import Plan, StepHooks
@@ -68,21 +69,17 @@ class _Syncs:
         return stop or not self.points
 
 
-def _worker_step(strategy: Any, model: Any, optimizer: Any, worker_batch: int, replicas: int) -> Any:
+def _worker_step(job: Job, strategy: Any, model: Any, optimizer: Any, worker_batch: int, replicas: int) -> Any:
     """One worker step (a tf.function the coordinator schedules): next batch, update applied at once, mean loss."""
     import tensorflow as tf
 
-    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+    # This worker's update is applied alone: the mean over its own batch (all its local replicas), the objective
+    # Keras fit uses under this strategy too; regularisation counted once per worker step.
+    objective = replica_objective(job, model, worker_batch, replicas)
 
     def replica_step(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
-            per_example = loss_obj(y, model(x, training=True))
-            # This worker's update is applied alone: the mean over its own batch (all its local replicas), the
-            # objective Keras fit uses under this strategy too.
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=worker_batch)
-            if model.losses:
-                loss += tf.add_n(model.losses) / replicas  # regularisation counted once per worker step
+            loss = objective(x, y)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss * replicas  # this replica's own mean loss (+ regularisation)
@@ -161,5 +158,5 @@ def run_ps(job: Job, backend: Backend, model: Any, optimizer: Any, dataset_fn: C
         _run_fit(model, dataset_fn, run_steps * fan, hooks, syncs)
     else:
         syncs = _Syncs(coordinator, hooks, fan, points, float, progress)
-        step = _worker_step(strategy, model, optimizer, plan.global_batch // fan, backend.info.replicas_per_worker)
+        step = _worker_step(job, strategy, model, optimizer, plan.global_batch // fan, backend.info.replicas_per_worker)
         _run_ctl(strategy, coordinator, step, dataset_fn, hooks, syncs)

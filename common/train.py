@@ -22,7 +22,7 @@ from typing import Any
 
 from backends.base import Backend, comm_env, tuning_record
 from common import data as data_mod
-from common import inputwait, loops, machine, netif, observe
+from common import inputwait, loops, machine, netif, objective, observe
 from common import reliability as rel
 from common import results as res
 from common.errors import PeerLost, Preempted, UsageError
@@ -219,7 +219,7 @@ def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> 
         # cannot do on CPU (MWMS) and Horovod only with its optional XLA ops. As in the custom loop, the
         # collective-free part (here the model's forward pass, and so its gradient) is compiled.
         model.xla_forward = types.SimpleNamespace(fn=tf.function(lambda x: model(x, training=True), jit_compile=True))
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    model.compile(optimizer=optimizer, loss=objective.fit_loss(job),
                   steps_per_execution=job.steps_per_execution)
     return model
 

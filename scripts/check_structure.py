@@ -4,7 +4,9 @@
 - no import cycle among the project's modules (imports inside functions count: a lazy cycle is still a cycle);
 - the backends are listed only in ``backends/``: outside it (and outside the tests of named backends; the shared
   test helpers in tests/conftest.py count), no list, tuple, set or dict literal names two or more registered
-  backends (or their modules); code iterates ``backends.REGISTRY`` instead.
+  backends (or their modules); code iterates ``backends.REGISTRY`` instead;
+- the objective has one home: in ``backends/`` and ``common/`` only ``common/objective.py`` constructs a Keras loss
+  or scales a loss to the global batch (the benchmarks' plain loops and the tests write their own on purpose).
 """
 
 from __future__ import annotations
@@ -120,6 +122,21 @@ def backend_listings(tree: ast.AST, where: str) -> list[str]:
     return out
 
 
+OBJECTIVE_HOME = "common/objective.py"
+OBJECTIVE_NAMES = ("keras.losses", "nn.compute_average_loss", "nn.scale_regularization_loss")  # ...X, tf.nn.X
+
+
+def objective_outside_home(tree: ast.AST, where: str) -> list[str]:
+    """Calls that build the loss or scale it, outside OBJECTIVE_HOME (in backends/ and common/)."""
+    if not where.startswith(("backends/", "common/")) or where == OBJECTIVE_HOME:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and ast.unparse(node).endswith(OBJECTIVE_NAMES):
+            out.append(f"{where}:{node.lineno}: {ast.unparse(node)}: the objective lives in {OBJECTIVE_HOME}")
+    return out
+
+
 def main() -> int:
     files = project_files()
     known = {module_name(p) for p in files}
@@ -133,6 +150,7 @@ def main() -> int:
             problems.append(f"{where}: module has {lines} lines (max {MAX_MODULE_LINES})")
         tree = ast.parse(text, filename=where)
         problems += long_functions(tree, where)
+        problems += objective_outside_home(tree, where)
         name = module_name(path)
         graph[name] = imports_of(tree, name, path.name == "__init__.py", known)
         # Tests of named backends (parity: one against the other) may name them; shared test helpers may not.
