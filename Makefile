@@ -21,7 +21,7 @@ demo: setup  ## local CPU comparison of both backends at 1 and 2 workers on jobs
 test:  ## set-up (with Debian's Slurm and munge for tests/test_slurm.py), then the whole test suite
 	TWINBENCH_WITH_SLURM=1 TWINBENCH_VENV=.venv bash scripts/setup.sh
 	$(PY) -m ruff check .
-	$(PY) -m pytest -ra tests
+	$(PY) -m pytest -ra --durations=15 tests
 
 test-fallback:  ## the TF 2.18 fallback in .venv-tf2.18: set-up, then the parity and Horovod smoke tests
 	TWINBENCH_TF=2.18 TWINBENCH_VENV=$(FALLBACK_VENV) bash scripts/setup.sh
