@@ -132,7 +132,9 @@ def _gpu_text(m: Mapping[str, Any]) -> str:
 
 def _libraries_text(m: Mapping[str, Any], keys: Sequence[tuple[str, str]]) -> str:
     libs = [x for x in section(m, "libraries") if isinstance(x, Mapping)]
-    return ", ".join(f"{name} {_distinct([str(x.get(k)) for x in libs if x.get(k)])}" for k, name in keys)
+    # A library's version string up to its first comma: "Open MPI v4.1.4" (the record keeps the whole line)
+    return ", ".join(f"{name} {_distinct([str(x.get(k)).split(',')[0] for x in libs if x.get(k)])}"
+                     for k, name in keys)
 
 
 def describe(m: Mapping[str, Any]) -> str:
