@@ -62,3 +62,25 @@ def test_shell_helper_prints_each_backends_local_command():
         assert out.stdout.splitlines() == backends.load(name).local_command(2, ["--job", "j.toml"])
     bad = run("command", "nope", "2")
     assert bad.returncode == 2 and "unknown backend" in bad.stderr
+
+
+@pytest.mark.distributed
+def test_a_third_backend_plugs_in_by_its_module_and_one_registry_line(monkeypatch, runner, tmp_path):
+    """tests/toy_backend.py (one process, identity collectives) and one registry entry: it runs a 1-worker job with
+    the shared loop, computes what native computes, and the report gives it its own row, after the registry's."""
+    from backends import BackendEntry
+    from common import report
+    from tests.conftest import PY, SMOKE, first_divergence, only_result, run
+
+    monkeypatch.setitem(backends.REGISTRY, "toy", BackendEntry(
+        "toy", "tests.toy_backend", "one process, no communication", "tab:green", "jobs/slurm/native.sbatch"))
+    mod = backends.load("toy")
+    assert not inspect.isabstract(mod.ToyBackend) and mod.doctor(None).ok is False
+    job = ["--set", "mode=ctl", "--set", "per_replica_batch_size=32"]
+    run(mod.local_command(1, ["--job", SMOKE, "--results", str(tmp_path), "--quiet", *job], python=PY))
+    toy = only_result(tmp_path)
+    assert toy["backend"] == "toy" and toy["world_size"] == 1 and toy["collective"]["used"] == "none"
+    native = runner("native", *job, workers=1)  # the parity tests' run: same job, same seed
+    assert first_divergence(toy["step_losses"], native["step_losses"], 1e-5) is None
+    (summary,) = report.summarize(report.load_runs(tmp_path))
+    assert summary.backends == ["toy"] and "| toy | 1 | 1 | 1 |" in report.format_table(summary)
