@@ -351,7 +351,7 @@ SERVER_LINGER_S = 20.0  # s the local launcher gives ps/worker servers to exit a
 
 
 # -- local launcher (--nproc, --ps) ----------------------------------------------------------------
-def strip_nproc(argv: list[str], flags: tuple[str, ...] = ("--nproc",)) -> list[str]:
+def strip_launcher_flags(argv: list[str], flags: tuple[str, ...] = ("--nproc", "--ps")) -> list[str]:
     """``argv`` without the launcher's own ``flags`` (and their values): what each launched process runs."""
     out, skip = [], False
     for a in argv:
@@ -376,7 +376,7 @@ def launch_local(prog: str, n: int, argv: list[str], ps: int = 0) -> int:
     launcher exits 75 too.
     """
     env = dict(os.environ, TWINBENCH_LAUNCH_COMMAND=json.dumps(list(sys.orig_argv)))
-    command = [sys.executable, "-m", prog, *strip_nproc(argv, ("--nproc", "--ps"))]
+    command = [sys.executable, "-m", prog, *strip_launcher_flags(argv)]
     if ps:
         return localcluster.supervise(localcluster.start_ps_cluster(n, ps, command, env), prog,
                                       linger=SERVER_LINGER_S)

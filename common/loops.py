@@ -366,8 +366,8 @@ def _ctl_step_fn(job: Job, backend: Backend, model: Any, optimizer: Any, plan: P
     return step_fn
 
 
-def run_ctl(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks, plan: Plan,
-            verbose: bool) -> None:
+def run_ctl(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks,
+            plan: Plan) -> None:
     import tensorflow as tf
 
     step_fn = _ctl_step_fn(job, backend, model, optimizer, plan)

@@ -116,7 +116,7 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, preemption: r
     elif job.mode == "fit":
         loops.run_fit(job, backend, built.model, dataset, hooks, plan, verbose)
     else:
-        loops.run_ctl(job, backend, built.model, built.optimizer, dataset, hooks, plan, verbose)
+        loops.run_ctl(job, backend, built.model, built.optimizer, dataset, hooks, plan)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
     backend.sync_model_state(built.model)
     everyone, per_rank_losses, step_losses = gather(backend, built, hooks, opts, resume)
