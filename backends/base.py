@@ -311,7 +311,7 @@ def bind_cpus(local_rank: int, local_size: int, mode: str) -> tuple[list[int], s
     the parent's was set by the launcher (srun --cpu-bind, mpirun's default binding) and is kept. Otherwise, with
     ``mode`` "cores" and other local ranks, bind this process to its ``cpu_share``, as srun --cpu-bind=cores would;
     horovodrun --gloo and the native --nproc launcher bind nothing. Binding changes the two backends differently
-    (README, "CPU binding"), hence opt-in and recorded."""
+    (docs/multinode.md, "CPU binding"), hence opt-in and recorded."""
     mine = sorted(os.sched_getaffinity(0))
     try:
         parent = sorted(os.sched_getaffinity(os.getppid()))

@@ -226,7 +226,7 @@ class NativeBackend(Backend):
         if self.opts.strategy != "mwms" or self.num_workers == 1:
             return None
         return ("TensorFlow's profiler with several MWMS workers aborted a worker (double free) or hung in stop() in "
-                "about 1 run of 6 on TF 2.21 CPU: rerun if that happens (README, Watching and tracing a run)")
+                "about 1 run of 6 on TF 2.21 CPU: rerun if that happens (docs/observing.md, Traces)")
 
     @property
     def variant(self) -> str | None:

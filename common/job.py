@@ -69,11 +69,10 @@ class Job:
     mode: str = "fit"  # fit = Keras model.fit | ctl = custom tf.function training loop
     seed: int = 1234  # global seed: weights, synthetic data and shuffling
     mixed_precision: bool = False  # mixed_float16 policy with dynamic loss scaling
-    xla: bool = False  # jit_compile the training step
+    xla: bool = False  # jit_compile the collective-free part of the step (the forward pass and its loss)
     # --- measurement ---
-    # Host <-> device syncs: losses stay on the device and are read (with a clock mark) every N steps. 25 keeps
-    # the harness tax under 2% on a 1 ms step; 1 gives per-step times (and a forced sync per step).
-    sync_every_steps: int = 25
+    # 25 keeps the harness tax under 2% on a 1 ms step; 1 gives per-step times (and a forced sync per step).
+    sync_every_steps: int = 25  # host reads the losses (and marks the clock) every N steps
     steps_per_execution: int = 1  # Keras fit only: steps per tf.function call (compile(steps_per_execution=))
 
     # ------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """How a set-up backend's run ends: exit 0 when done, 75 after a preemption checkpoint, 3 naming a lost peer.
 
 The entry points (``backends/*.py``) parse, prepare and set up; this module runs the job (or the microbenchmark, or
-the ``--diagnose breakdown`` run) and turns its outcome into the exit statuses README documents.
+the ``--diagnose breakdown`` run) and turns its outcome into the exit statuses docs/reliability.md documents.
 """
 
 from __future__ import annotations

@@ -206,13 +206,14 @@ BIG_GRADIENTS = ["--set", "mlp_hidden=[1024]", "--set", "steps=40"]  # 814,090 p
 # The shaped runs give each emulated node its own CPU (`cluster.sh cpus split`), as separate machines have: with
 # the two nodes sharing the 2 cores, Open MPI's busy-polling inside each collective took CPU from the other node
 # and from the kernel's packet path, and Horovod's step (recursive doubling) came out at 159-239 ms in four runs,
-# single steps at 2x the wire, against 141.6-143.8 ms on a core per node (138-141 ms predicted; README "Against a
-# link of known rate"). The runs sync every step (PER_STEP): the median is one of single steps.
+# single steps at 2x the wire, against 141.6-143.8 ms on a core per node (138-141 ms predicted; docs/findings.md
+# "Against a link of known rate"). The runs sync every step (PER_STEP): the median is one of single steps.
 MODEL_TOLERANCE = 0.15
 PER_STEP = ["--set", "sync_every_steps=1"]
 # Open MPI's default allreduce for these sizes ran at 51-100% of the shaped wire from one run to the next (as did
-# the ring algorithm forced), with or without a core per node; recursive doubling at 92-100% (Gloo: 96-99%): README
-# "Against a link of known rate". The benchmark and the run both use it, as a user following README would.
+# the ring algorithm forced), with or without a core per node; recursive doubling at 92-100% (Gloo: 96-99%):
+# docs/findings.md "Against a link of known rate". The benchmark and the run both use it, as a user following
+# those findings would.
 HOROVOD_MPI_ENV = ["OMPI_MCA_coll_tuned_use_dynamic_rules=1", "OMPI_MCA_coll_tuned_allreduce_algorithm=3"]
 
 
@@ -266,7 +267,7 @@ def test_shaped_link_busbw_share_and_scaling_model(emu, tmp_path):
         big = r["rows"][-1]
         share = big["busbw_pct_of_link"]
         assert share == pytest.approx(100 * big["busbw_GBps"] * 1e9 / link["bytes_per_s"])
-        assert 75 < share < 110, f"{kind}: busbw {share:.0f}% of the link"  # 88-100% measured (README)
+        assert 75 < share < 110, f"{kind}: busbw {share:.0f}% of the link"  # 88-100% measured (docs/findings.md)
         predicted, measured = _model_vs_measured(tmp_path / kind)
         two = json.loads(next((tmp_path / kind).glob("*-fit-n2-*.json")).read_text())
         if len(os.sched_getaffinity(0)) >= 2:  # the ranks ran on their own node's CPU (cpus split reached them)

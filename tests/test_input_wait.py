@@ -1,9 +1,9 @@
 """Did the input keep up: the record's ``input`` field and the report's input-wait column (no TensorFlow), then real
 runs where the input is made slow (``--slow-input``) or the host pauses between steps (``--pause-between-steps``).
 
-What the real runs check is what the README says the two methods measure: the custom loop times the fetch of the
-batch and nothing else (a host pause between steps is not in it), Keras fit's "input + between steps" includes the
-time between two steps, and a pipeline slower than the step shows as highly input-bound.
+What the real runs check is what docs/measurement.md says the two methods measure: the custom loop times the fetch
+of the batch and nothing else (a host pause between steps is not in it), Keras fit's "input + between steps"
+includes the time between two steps, and a pipeline slower than the step shows as highly input-bound.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_slow_input_is_highly_input_bound(tmp_path, kind):
 
 def test_a_compute_bound_step_kept_up(tmp_path):
     """The same pipeline feeding a step of tens of milliseconds (a wide MLP): fetching a batch is then well under
-    5% of the time. (The smoke job's own sub-millisecond steps spend 10-20% fetching here: see the README.)"""
+    5% of the time. (The smoke job's own sub-millisecond steps spend 10-20% fetching here: see docs/measurement.md.)"""
     rec = _run(tmp_path, "native", "--set", "mode=ctl", "--set", "mlp_hidden=[4096, 4096]")
     assert rec["step_time"]["mean"] > 0.02, "the step is meant to be long compared with a fetch"
     assert rec["input"]["kept_up"] is True and rec["input"]["input_bound"] == "no"

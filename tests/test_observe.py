@@ -141,7 +141,7 @@ def tensor_value(event: object) -> object:
 
 @pytest.mark.distributed
 # native at 1 worker: with 2 MWMS workers TensorFlow 2.21's profiler aborted worker 1 ("double free or corruption")
-# in about 1 run of 5 here, and once hung in stop() (README, Watching and tracing a run): not a test that can pass
+# in about 1 run of 5 here, and once hung in stop() (docs/observing.md, Traces): not a test that can pass
 # reliably. Horovod at 2 ranks (8 runs out of 8 clean).
 @pytest.mark.parametrize("kind, mode, n", [("native", "fit", 1), ("horovod", "ctl", 2)])
 def test_profiled_run_traces_tensorboard_and_summary_lines(tmp_path, kind, mode, n):

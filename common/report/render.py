@@ -181,7 +181,7 @@ def _head(s: JobSummary, h: str) -> list[str]:
     mix = binding_mix(s.runs)
     if mix:
         lines += [f"**Mixed CPU binding**: {md_escape(mix)}. Binding alone moved a backend's throughput by 8-43% "
-                  "on the CPU machine of README's \"CPU binding\": compare runs bound alike.", ""]
+                  "on the CPU machine of docs/multinode.md, \"CPU binding\": compare runs bound alike.", ""]
     lines += [f"{h}# Scaling", "", format_table(s), "",
               f"{h}# {RATIO_NUM} / {RATIO_DEN} throughput", "", format_ratio_table(s), ""]
     best = format_best_table(s)
