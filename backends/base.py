@@ -101,6 +101,14 @@ def comm_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith(ENV_PREFIXES)}
 
 
+def size_text(n: int) -> str:
+    """Bytes as a label says them: 32 MiB, 16 KiB, 1.5 MiB, 100 B (the largest unit that fits)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
 def tuning_record(knobs: list[Knob], env: dict[str, str]) -> dict[str, Any]:
     """The record's ``tuning`` block: every knob's value and default, the variant label (None when all knobs are at
     their defaults) and the communication-library environment variables the rank saw (``env``)."""

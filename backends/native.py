@@ -32,6 +32,7 @@ from backends.base import (  # noqa: E402
     RankInfo,
     configure_threads,
     pin_one_gpu,
+    size_text,
 )
 from backends.native_input import per_worker_dataset, worker_slots  # noqa: E402
 from common import cli, runner  # noqa: E402
@@ -214,7 +215,7 @@ class NativeBackend(Backend):
         o = self.opts
         if o.strategy != "mwms":  # CommunicationOptions reach MWMS only
             return []
-        return [Knob("bytes_per_pack", o.bytes_per_pack, 0, f"packs {_size(o.bytes_per_pack)}"),
+        return [Knob("bytes_per_pack", o.bytes_per_pack, 0, f"packs {size_text(o.bytes_per_pack)}"),
                 Knob("comm_timeout_seconds", o.comm_timeout, 0.0, f"timeout {o.comm_timeout:g} s")]
 
     @property
@@ -393,14 +394,6 @@ class NativeBackend(Backend):
             # One function for every shape (reduce_retracing): it is called at agreed steps and at the end.
             self._allsum_fn = tf.function(lambda v: self.strategy.run(contribute, args=(v,)), reduce_retracing=True)
         return self.strategy.experimental_local_results(self._allsum_fn(value))[0]
-
-
-def _size(n: int) -> str:
-    """Bytes as a row label says them: 32 MiB, 16 KiB, 100 B."""
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n} B"
 
 
 def resolve_comm(requested: str, has_gpu: bool) -> Collective:

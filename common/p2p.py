@@ -13,7 +13,7 @@ import socket
 import time
 from typing import Any
 
-from backends.base import Backend
+from backends.base import Backend, size_text
 from common import netif
 from common import results as res
 
@@ -97,12 +97,5 @@ def summary(rows: list[dict[str, Any]], link: dict[str, Any] | None) -> str | No
         return None
     big = max(rows, key=lambda r: r["bytes"])
     return (f"[twinbench] link rank {link['from_rank']} ({link['hosts'][0]}) -> rank {link['to_rank']} "
-            f"({link['hosts'][1]}): {link['bytes_per_s'] / 1e6:.1f} MB/s raw TCP; busbw at {_size(big['bytes'])} "
+            f"({link['hosts'][1]}): {link['bytes_per_s'] / 1e6:.1f} MB/s raw TCP; busbw at {size_text(big['bytes'])} "
             f"{big['busbw_GBps'] * 1e3:.1f} MB/s = {big['busbw_pct_of_link']:.0f}% of it")
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
