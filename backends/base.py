@@ -1,7 +1,7 @@
 """The one contract both backends implement; everything else (data, model, loop, measurement) is shared.
 
-``common.train`` calls, in this order: ``setup`` (communication + device pinning, before any other TensorFlow op;
-returns the rank's frozen ``RankInfo``), ``scope`` (variable creation), ``wrap_optimizer``, ``restore`` (when
+``common.training.train`` calls, in this order: ``setup`` (communication + device pinning, before any other TensorFlow
+op; returns the rank's frozen ``RankInfo``), ``scope`` (variable creation), ``wrap_optimizer``, ``restore`` (when
 resuming), ``make_dataset``, ``before_training``, then per mode ``fit_callbacks`` / ``fit_warmup`` or
 ``run`` / ``wrap_tape``, and at the end ``sync_model_state`` and ``allgather``. What shared code needs to know of a
 backend is a declared member here (``info``, ``gradient_bytes``, ``fit_warmup``), never a key of ``describe()``.
@@ -231,11 +231,11 @@ class Backend(abc.ABC):
 
     @property
     def writes_checkpoint(self) -> bool:
-        """Does this rank take part in writing a checkpoint (see ``common.train``)."""
+        """Does this rank take part in writing a checkpoint (see ``common.training.train``)."""
         return True
 
     def restore(self, ckpt: Any, path: str, model: Any, optimizer: Any) -> None:
-        """Load a checkpoint written by ``common.train`` into the (already built) model and optimizer."""
+        """Load a checkpoint written by ``common.training.train`` into the (already built) model and optimizer."""
         ckpt.read(path).assert_existing_objects_matched()
 
     @abc.abstractmethod
@@ -249,7 +249,8 @@ class Backend(abc.ABC):
     def barrier(self) -> None:
         self.allgather(None)
 
-    # -- the custom-loop step split into phases (``--diagnose breakdown``, ``common.breakdown``) ---------------
+    # -- the custom-loop step split into phases (``--diagnose breakdown``, ``common.diagnostics.breakdown``)
+    # ---------------
     def start_timeline(self, path: str) -> bool:
         """Start the backend's own collective timeline into ``path`` (Horovod's); True when this rank writes it.
         Default: the backend has none (tf.distribute's collectives show in the TensorFlow profiler trace)."""

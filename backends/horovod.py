@@ -29,7 +29,7 @@ from backends.base import (  # noqa: E402
     pin_one_gpu,
 )
 from common import cli, runner  # noqa: E402
-from common.errors import UsageError, fail  # noqa: E402
+from common.core.errors import UsageError, fail  # noqa: E402
 
 PROG = "backends.horovod"
 
@@ -90,7 +90,7 @@ def horovodrun_command(hosts: str, n: int, args: list[str], python: str = sys.ex
 
 def doctor(tf_version: str | None) -> Diagnosis:
     """Horovod must be built against this TensorFlow with a controller (Gloo or MPI); which patch it carries."""
-    from common import buildinfo
+    from common.core import buildinfo
 
     if tf_version is None:
         return Diagnosis(False, "cannot run: TensorFlow is not importable", {}, [])
@@ -290,7 +290,7 @@ class HorovodBackend(Backend):
     def restore(self, ckpt: Any, path: str, model: Any, optimizer: Any) -> None:
         if self.rank == 0:
             ckpt.read(path).assert_existing_objects_matched()
-        # Everyone else takes rank 0's weights and optimizer state (slots exist: common.train created them).
+        # Everyone else takes rank 0's weights and optimizer state (slots exist: common.training.train created them).
         self.htf.broadcast_variables(model.variables, root_rank=0)
         self.htf.broadcast_variables(optimizer.variables(), root_rank=0)
 

@@ -36,7 +36,7 @@ from backends.base import (  # noqa: E402
 )
 from backends.native_input import per_worker_dataset, worker_slots  # noqa: E402
 from common import cli, runner  # noqa: E402
-from common.errors import UsageError, fail  # noqa: E402
+from common.core.errors import UsageError, fail  # noqa: E402
 
 PROG = "backends.native"
 STRATEGIES = ("mwms", "mirrored", "one_device", "central_storage", "parameter_server")
@@ -276,7 +276,7 @@ class NativeBackend(Backend):
         (``distribute_datasets_from_function``) always goes through a MultiDeviceIterator under MWMS, and on CPU
         that halved the throughput of a real CNN here (docs/findings.md, 2026-11-23); it stays for several local
         replicas (mirrored, central_storage), which need a batch per replica. Same samples either way:
-        ``common.data`` shards by pipeline index, and the worker's index among ``num_workers`` pipelines is the
+        ``common.workload.data`` shards by pipeline index, and the worker's index among ``num_workers`` pipelines is the
         ``input_pipeline_id`` tf.distribute would give it.
         """
         per = self.info.replicas_per_worker
@@ -284,7 +284,7 @@ class NativeBackend(Backend):
             return self._per_worker_dataset_fn(dataset_fn)
         if self.input_path == "per-worker":
             return per_worker_dataset(dataset_fn(self.rank, self.num_workers, 1))
-        # distribute_datasets_from_function does no auto-sharding: common.data shards by pipeline index, the
+        # distribute_datasets_from_function does no auto-sharding: common.workload.data shards by pipeline index, the
         # same rule Horovod ranks use, so both backends feed every replica the same samples.
         return self.strategy.distribute_datasets_from_function(
             lambda ctx: dataset_fn(ctx.input_pipeline_id, ctx.num_input_pipelines, per))
@@ -293,7 +293,7 @@ class NativeBackend(Backend):
         """``input_context -> tf.data.Dataset`` run on each worker: its slots of every global batch.
 
         The coordinator traces it once for all workers, so the worker's index is a tensor known only when it
-        runs there: build every slot of each global batch (``common.data``'s order), keep the worker's share.
+        runs there: build every slot of each global batch (``common.workload.data``'s order), keep the worker's share.
         The cost: each worker prepares the whole global batch and keeps 1/W of it.
         """
         import tensorflow as tf

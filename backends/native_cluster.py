@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from common import localcluster, netif, slurm_layout
 from common.cli import env_int
-from common.errors import EXIT_PEER_LOST, UsageError
-from common.job import Job
+from common.cluster import localcluster, netif, slurm_layout
+from common.core.errors import EXIT_PEER_LOST, UsageError
+from common.workload.job import Job
 
 
 def check_tf_config() -> None:

@@ -36,7 +36,7 @@ def per_worker_dataset(dataset: Any) -> Any:
 
 def worker_slots(ds: Any, workers: int, per: int, index: Any) -> Any:
     """From every replica slot of each global batch (in slot order), worker ``index``'s ``per`` slots: what
-    ``common.data`` gives pipeline ``index`` of ``workers`` pipelines with ``per`` replicas each."""
+    ``common.workload.data`` gives pipeline ``index`` of ``workers`` pipelines with ``per`` replicas each."""
     if per == 1:
         return ds.shard(workers, index)
     return ds.batch(per, drop_remainder=True).shard(workers, index).unbatch()

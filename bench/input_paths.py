@@ -34,10 +34,10 @@ def one_run(feed: str, steps: int, warm: int, sets: list[str]) -> dict[str, Any]
     """In this process: build, train ``steps`` steps fed by ``feed``, time the last ``steps - warm``."""
     import tensorflow as tf
 
-    from common.data import make_train_dataset
-    from common.job import load_job
-    from common.models import build_model
-    from common.train import build_optimizer
+    from common.training.train import build_optimizer
+    from common.workload.data import make_train_dataset
+    from common.workload.job import load_job
+    from common.workload.models import build_model
 
     job = load_job(str(REPO / "jobs" / "smoke.toml"), sets)
     tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count() or 1)  # twinbench's budget at 1 process

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import backends
 from backends.base import CPU_BIND
-from common.localcluster import start_tf_config_workers
+from common.cluster.localcluster import start_tf_config_workers
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable

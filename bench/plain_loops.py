@@ -12,8 +12,8 @@ The floor must not share the costs of what it measures, so neither loop uses tf.
 halved a CPU CNN's throughput: issue 24). Each worker is fed the way the field's own benchmarks feed it:
 
 - ``--feed const``: one batch, made once from the job's own pipeline (the first element of
-  ``common.data.make_train_dataset``, so the shapes and dtypes are the job's) and reused at every step, as Horovod's
-  synthetic benchmark does (horovod/horovod examples/tensorflow2/tensorflow2_synthetic_benchmark.py: ``data =
+  ``common.workload.data.make_train_dataset``, so the shapes and dtypes are the job's) and reused at every step, as
+  Horovod's synthetic benchmark does (horovod/horovod examples/tensorflow2/tensorflow2_synthetic_benchmark.py: ``data =
   tf.random.uniform([args.batch_size, 224, 224, 3])`` built once, read by every ``benchmark_step``): no input cost;
 - ``--feed tfdata`` (default): this worker's plain tf.data iterator (``iter(make_train_dataset(job, gb, rank,
   size))``, the exact sharding both backends use), ``next(it)`` inside the tf.function, its tensors passed as they
@@ -43,7 +43,7 @@ FEEDS = ("const", "tfdata")
 
 def make_batches(job: Any, gb: int, rank: int, size: int, feed: str) -> Callable[[], Any]:
     """A zero-argument function, called inside the step's tf.function, giving this worker's (images, labels)."""
-    from common.data import make_train_dataset
+    from common.workload.data import make_train_dataset
 
     ds = make_train_dataset(job, gb, rank, size)
     if feed == "const":
@@ -59,8 +59,8 @@ def _horovod_loop(tf: Any, job: Any, batches: Callable[[], Any], lr: float) -> t
     """Horovod's documented custom loop: DistributedGradientTape, broadcast after the first step."""
     import horovod.tensorflow as hvd
 
-    from common.models import build_model
-    from common.train import build_optimizer
+    from common.training.train import build_optimizer
+    from common.workload.models import build_model
 
     loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     model = build_model(job, tuple(job.image_shape), job.num_classes)
@@ -85,8 +85,8 @@ def _horovod_loop(tf: Any, job: Any, batches: Callable[[], Any], lr: float) -> t
 def _mwms_loop(tf: Any, strategy: Any, job: Any, batches: Callable[[], Any], gb: int, lr: float) -> tuple[Any, Any]:
     """The MWMS custom loop of TensorFlow's tutorials, loss over the global batch, but this one-replica worker's
     batch handed to ``strategy.run`` as plain tensors instead of through the distributed input."""
-    from common.models import build_model
-    from common.train import build_optimizer
+    from common.training.train import build_optimizer
+    from common.workload.models import build_model
 
     loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     with strategy.scope():
@@ -143,7 +143,7 @@ def main() -> int:
     if a.warmup < 1 or a.steps <= a.warmup:
         print("bench.plain_loops: need 1 <= WARMUP < STEPS", file=sys.stderr)
         return 2
-    from common.job import load_job
+    from common.workload.job import load_job
 
     job = load_job(a.job, a.sets)
     kind = a.kind

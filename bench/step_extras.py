@@ -3,9 +3,9 @@
 ``python -m bench.step_extras [--steps 300] [--repeats 12] [--set key=value ...]``: one process, no strategy, the
 job's model on its own pipeline (jobs/smoke.toml by default), three tf.functions over the same model and iterator:
 ``plain`` (fetch, forward, backward, apply), ``+input clock`` (the fetch timed as in the real loop,
-``common.inputwait.InputClock.fetch``) and ``+all`` (also the loss ring write and the step counter, as
-``common.loops.run_ctl``). Blocks of ``--steps`` steps of each, in alternating order, each ended by one host read;
-prints the median time per step and the ratio to ``plain``. In one process the machine's drift hits all three
+``common.training.inputwait.InputClock.fetch``) and ``+all`` (also the loss ring write and the step counter, as
+``common.training.loops.run_ctl``). Blocks of ``--steps`` steps of each, in alternating order, each ended by one host
+read; prints the median time per step and the ratio to ``plain``. In one process the machine's drift hits all three
 alike, which is what the cross-process ``bench.overhead`` cannot resolve on short steps. A benchmark, not a test.
 """
 
@@ -31,17 +31,17 @@ def main() -> int:
     if a.steps < 1 or a.repeats < 1:
         print("bench.step_extras: --steps and --repeats must be >= 1", file=sys.stderr)
         return 2
-    from common.job import load_job
+    from common.workload.job import load_job
 
     job = load_job(a.job, a.sets)
     import tensorflow as tf
 
     from backends.base import configure_threads
-    from common import inputwait
-    from common.data import make_train_dataset
-    from common.loops import LossRing
-    from common.models import build_model
-    from common.train import build_optimizer
+    from common.training import inputwait
+    from common.training.loops import LossRing
+    from common.training.train import build_optimizer
+    from common.workload.data import make_train_dataset
+    from common.workload.models import build_model
 
     configure_threads(1, 0)
     tf.keras.utils.set_random_seed(job.seed)

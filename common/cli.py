@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import NoReturn
 
 from backends.base import CPU_BIND
-from common import netif
-from common import reliability as rel
-from common.errors import UsageError, fail
-from common.job import Job, JobError, load_job
-from common.runconfig import PREEMPT_CHECK_STEPS, PROGRESS_SECONDS, BenchOptions, RunOptions
+from common.cluster import netif
+from common.core.errors import UsageError, fail
+from common.training import reliability as rel
+from common.training.runconfig import PREEMPT_CHECK_STEPS, PROGRESS_SECONDS, BenchOptions, RunOptions
+from common.workload.job import Job, JobError, load_job
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JOB = REPO / "jobs" / "smoke.toml"
 PROXY_VARS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")
-DIAGNOSES = ("breakdown",)  # --diagnose choices (common.breakdown)
+DIAGNOSES = ("breakdown",)  # --diagnose choices (common.diagnostics.breakdown)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -90,7 +90,7 @@ def base_parser(prog: str, description: str, parser_class: type[OneLineParser] =
 def _bench_options(prog: str, args: argparse.Namespace) -> BenchOptions | None:
     if not args.bench:
         return None
-    from common.bench import DEFAULT_SIZES, parse_sizes
+    from common.diagnostics.allreduce import DEFAULT_SIZES, parse_sizes
 
     try:
         sizes = parse_sizes(args.sizes or DEFAULT_SIZES)
@@ -116,7 +116,7 @@ def _check_diagnose(prog: str, args: argparse.Namespace, job: Job) -> None:
 
 def _observe_options(prog: str, args: argparse.Namespace, job: Job) -> tuple[int, int] | None:
     """--profile-steps and --progress-every: one line and exit 2 before TensorFlow starts."""
-    from common import observe
+    from common.training import observe
 
     if args.progress_every < 0:
         fail(prog, f"--progress-every must be >= 0 seconds (0 = no progress lines), got {args.progress_every}")
@@ -130,7 +130,7 @@ def _observe_options(prog: str, args: argparse.Namespace, job: Job) -> tuple[int
         fail(prog, f"--profile-steps traces training steps; --bench {args.bench} has none")
     if not args.results:
         fail(prog, "--profile-steps writes into the results dir: give --results DIR")
-    # the total is known here only when the job fixes it; otherwise once the plan is (common.train.announce)
+    # the total is known here only when the job fixes it; otherwise once the plan is (common.training.train.announce)
     reason = observe.check_profile_steps(steps, job.steps) if job.steps > 0 else None
     if reason:
         fail(prog, reason)
@@ -150,8 +150,8 @@ def _check_numbers(prog: str, args: argparse.Namespace) -> None:
 
 def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOptions]:
     """Everything that can be checked before TensorFlow starts: job, data files, results dir, flags."""
-    from common import data as data_mod
-    from common import results as res
+    from common.core import results as res
+    from common.workload import data as data_mod
 
     try:
         job = load_job(args.job, args.sets)
@@ -174,7 +174,7 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
         if meta is None:
             fail(prog, f"--resume-from {args.resume_from!r} holds no complete checkpoint (no readable meta.json)")
         reason = rel.check_resume(meta, job.job_hash, job.name, None, Path(args.resume_from))
-        if reason:  # the world size is checked once the backend knows it (common.train)
+        if reason:  # the world size is checked once the backend knows it (common.training.train)
             fail(prog, reason)
     opts = RunOptions(
         t_process_start=t0, command=tuple(command_line()), results_dir=args.results, verbose=not args.quiet,

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import backends
-from common import buildinfo
+from common.core import buildinfo
 
 ENV_PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "PMIX_", "PMI_", "HOROVOD_", "NCCL_", "TF_CONFIG", "CUDA_VISIBLE")
 

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from backends.base import Backend
-from common import inputwait
-from common.job import Job
-from common.objective import replica_objective
+from common.training import inputwait
+from common.training.objective import replica_objective
+from common.workload.job import Job
 
 if TYPE_CHECKING:
-    from common.loops import Plan, StepHooks
+    from common.training.loops import Plan, StepHooks
 
 # Why the record's ``input`` is not measured here.
 INPUT_NOT_MEASURED = ("parameter-server training: each worker fetches its own batches, asynchronously, in steps "

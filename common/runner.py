@@ -10,17 +10,17 @@ import os
 import sys
 
 from backends.base import Backend
-from common.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLost, Preempted, UsageError, fail
-from common.job import Job
-from common.runconfig import RunOptions
+from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLost, Preempted, UsageError, fail
+from common.training.runconfig import RunOptions
+from common.workload.job import Job
 
 
 def run(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
     """Train (or benchmark, or diagnose) on a set-up backend; returns 0, or ends the process with 2, 3 or 75."""
-    from common.train import train
+    from common.training.train import train
 
     if opts.bench is not None:
-        from common.bench import run_allreduce
+        from common.diagnostics.allreduce import run_allreduce
 
         run_allreduce(backend, opts.bench, opts.results_dir, list(opts.command),
                       verbose=opts.verbose and backend.is_chief, iface=opts.iface)
@@ -29,7 +29,7 @@ def run(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
         return 0
     try:
         if opts.diagnose == "breakdown":
-            from common.breakdown import run_breakdown
+            from common.diagnostics.breakdown import run_breakdown
 
             run_breakdown(job, backend, opts)  # a diagnostic run: its own record, never a benchmark's
         else:

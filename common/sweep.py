@@ -43,9 +43,9 @@ from typing import Any, NoReturn
 
 import backends
 from common import cli
-from common import results as res
 from common import sweep_variants as sv
-from common.job import JobError, load_job
+from common.core import results as res
+from common.workload.job import JobError, load_job
 
 PROG = "common.sweep"
 MANIFEST = "sweep-manifest.json"
@@ -142,7 +142,7 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     try:
         job = load_job(job_path, a.sets)
         if not a.skip_data_check:
-            from common import data as data_mod
+            from common.workload import data as data_mod
 
             n, _, _ = data_mod.dataset_info(job)
             for size in sizes:  # every world size must fill at least one global batch

@@ -5,8 +5,11 @@
 - the backends are listed only in ``backends/``: outside it (and outside the tests of named backends; the shared
   test helpers in tests/conftest.py count), no list, tuple, set or dict literal names two or more registered
   backends (or their modules); code iterates ``backends.REGISTRY`` instead;
-- the objective has one home: in ``backends/`` and ``common/`` only ``common/objective.py`` constructs a Keras loss
-  or scales a loss to the global batch (the benchmarks' plain loops and the tests write their own on purpose).
+- the layers (``LAYERS``): contract, workload, cluster, training, diagnostics, report, then the entry modules; no
+  module imports one of a higher layer;
+- the objective has one home: in ``backends/`` and ``common/`` only ``common/training/objective.py`` constructs a
+  Keras loss or scales a loss to the global batch (the benchmarks' plain loops and the tests write their own on
+  purpose).
 """
 
 from __future__ import annotations
@@ -122,7 +125,41 @@ def backend_listings(tree: ast.AST, where: str) -> list[str]:
     return out
 
 
-OBJECTIVE_HOME = "common/objective.py"
+# The layers, lowest first: a module never imports one of a higher layer. "backends" is the registry package alone and
+# "backends.base" the contract; a "common.X" name covers its package and everything in it. Every module named by none
+# (the entry modules common.cli, common.runner, common.sweep, common.doctor; the backends themselves; bench, scripts
+# and tests) stands above them all.
+LAYERS = (
+    ("contract", ("backends", "backends.base", "common.core")),
+    ("workload", ("common.workload",)),
+    ("cluster", ("common.cluster",)),
+    ("training", ("common.training",)),
+    ("diagnostics", ("common.diagnostics",)),
+    ("report", ("common.report",)),
+)
+TOP = len(LAYERS)
+
+
+def layer_of(module: str) -> int:
+    for rank, (_, names) in enumerate(LAYERS):
+        for n in names:
+            if module == n or (n.startswith("common.") and module.startswith(n + ".")):
+                return rank
+    return TOP
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for src in sorted(graph):
+        for dst in sorted(graph[src]):
+            if layer_of(dst) > layer_of(src):
+                out.append(f"{src} ({LAYERS[layer_of(src)][0]}) imports {dst} "
+                           f"({LAYERS[layer_of(dst)][0] if layer_of(dst) < TOP else 'entry'}): a lower layer imports a "
+                           "higher one")
+    return out
+
+
+OBJECTIVE_HOME = "common/training/objective.py"
 OBJECTIVE_NAMES = ("keras.losses", "nn.compute_average_loss", "nn.scale_regularization_loss")  # ...X, tf.nn.X
 
 
@@ -156,6 +193,7 @@ def main() -> int:
         # Tests of named backends (parity: one against the other) may name them; shared test helpers may not.
         if not where.startswith(("backends/", "tests/")) or where == "tests/conftest.py":
             problems += backend_listings(tree, where)
+    problems += upward_imports(graph)
     for cyc in cycles(graph):
         problems.append(f"import cycle among {', '.join(cyc)}")
     for p in problems:

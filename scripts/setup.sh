@@ -16,12 +16,12 @@
 # `scripts/setup.sh --horovod-only` builds and installs only Horovod (plus the build marker), into the Python
 # environment already active (`python` on PATH, or $PYTHON), e.g. the cluster's conda environment: no Debian
 # packages, no venv, no requirements. The environment's TensorFlow must be the selected one.
-# After installing Horovod it writes <environment>/twinbench-build.json (common/buildinfo.py), which
+# After installing Horovod it writes <environment>/twinbench-build.json (common/core/buildinfo.py), which
 # `python -m common.doctor` and the results JSONs' versions report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-HOROVOD_VERSION=0.28.1     # last Horovod release (common/buildinfo.py HOROVOD_VERSION says the same)
+HOROVOD_VERSION=0.28.1     # last Horovod release (common/core/buildinfo.py HOROVOD_VERSION says the same)
 HOROVOD_SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0  # PyPI's horovod-0.28.1.tar.gz
 TB_TF=${TWINBENCH_TF:-2.21}
 case "$TB_TF" in
@@ -137,7 +137,7 @@ if [ ${#patch_ids[@]} -gt 0 ]; then build_id+="-p$(IFS=-; echo "${patch_ids[*]}"
 if [ $gpu_build = 1 ]; then build_id+="-gpu"; fi
 wheeldir="$CACHE/$build_id"
 
-if "$VPY" -m common.buildinfo check "$build_id" >/dev/null 2>&1 && "$VPY" -c "import horovod.tensorflow" >/dev/null 2>&1
+if "$VPY" -m common.core.buildinfo check "$build_id" >/dev/null 2>&1 && "$VPY" -c "import horovod.tensorflow" >/dev/null 2>&1
 then
   log "horovod $HOROVOD_VERSION already built as $build_id"
 else
@@ -184,7 +184,7 @@ else
   "$VPY" -m pip install -q --no-deps --force-reinstall "$whl"
   # horovod's own runtime deps (not pulled with --no-deps)
   "$VPY" -m pip install -q cloudpickle psutil pyyaml packaging cffi
-  env "${BUILD_ENV[@]}" "$VPY" -m common.buildinfo write --build-id "$build_id" "${patch_args[@]}" --wheel "$whl" \
+  env "${BUILD_ENV[@]}" "$VPY" -m common.core.buildinfo write --build-id "$build_id" "${patch_args[@]}" --wheel "$whl" \
     --sdist-sha256 "$HOROVOD_SDIST_SHA256" >/dev/null
 fi
 log "ok: $("$VPY" -c 'import tensorflow as tf, tf_keras, horovod

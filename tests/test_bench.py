@@ -11,7 +11,7 @@ import pytest
 
 import backends
 from bench import overhead, plain_loops
-from common.bench import bus_factor, parse_sizes
+from common.diagnostics.allreduce import bus_factor, parse_sizes
 from tests.conftest import BIN, PY, run
 
 # The regular expressions nccl-tests parsers use on all_reduce_perf's output: a table row (size, count, float sum,

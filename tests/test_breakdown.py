@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from common import breakdown as bd
+from common.core.results import BREAKDOWN_PHASES, BreakdownRecord, RecordError
+from common.diagnostics import breakdown as bd
 from common.report.build import allreduce_time_at, build_report
 from common.report.load import load_breakdowns, load_runs, recompute_job_hash
-from common.results import BREAKDOWN_PHASES, BreakdownRecord, RecordError
 from tests.conftest import PY, backend_cmd, first_divergence, run
 from tests.test_parity import RTOL
 

@@ -1,12 +1,13 @@
-"""The step clock and host-sync schedule of ``common.loops.StepHooks``, driven by a fake clock (no TensorFlow)."""
+"""The step clock and host-sync schedule of ``common.training.loops.StepHooks``, driven by a fake clock (no
+TensorFlow)."""
 
 from __future__ import annotations
 
 import pytest
 
-from common import loops
-from common.reliability import Preemption
-from common.runconfig import RunOptions
+from common.training import loops
+from common.training.reliability import Preemption
+from common.training.runconfig import RunOptions
 
 
 class FakeBackend:
@@ -68,7 +69,7 @@ def test_per_step_syncs_with_k_1(monkeypatch):
 
 
 def test_wall_clock_includes_host_work_between_steps(monkeypatch):
-    from common import results as res
+    from common.core import results as res
 
     hooks, _ = drive(monkeypatch, 50, 0.001, pause_after={30: 0.5})
     stats = res.throughput_stats([hooks.clock_marks()], 10, hooks.warm, 25)
@@ -137,8 +138,8 @@ def test_headline_is_printed_before_the_tensorboard_logs_are_written(tmp_path, m
     summary op each) comes after it, else the outside clock would charge it to the steps."""
     from pathlib import Path
 
-    from common import observe, train
-    from common.runconfig import RunOptions
+    from common.training import observe, train
+    from common.training.runconfig import RunOptions
     from tests.test_results import full_record
 
     def finish(rec, results_dir, trace):

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from backends import horovod
-from common import localcluster, scaling
+from common.cluster import localcluster
+from common.diagnostics import scaling
 from tests.cluster.emulated import IMMEDIATE, JOB_TIMEOUT, NODES, Emulated, cluster, wait_all
 from tests.conftest import PY, SMOKE, base_env, only_result, same_losses
 
@@ -218,7 +219,8 @@ HOROVOD_MPI_ENV = ["OMPI_MCA_coll_tuned_use_dynamic_rules=1", "OMPI_MCA_coll_tun
 
 
 def _model_vs_measured(out: Path) -> tuple[float, float]:
-    """(predicted, measured) 2-replica step time in s: the report's scaling model (``common.scaling``: compute =
+    """(predicted, measured) 2-replica step time in s: the report's scaling model (``common.diagnostics.scaling``:
+    compute =
     the 1-replica median step, the link fitted to the allreduce benchmark) against the 2-replica run's median."""
     runs = {r["world_size"]: r for r in map(json.loads, (p.read_text() for p in out.glob("*-fit-n*.json")))}
     bench = json.loads(next(out.glob("allreduce-*.json")).read_text())
@@ -246,8 +248,9 @@ def _shaped_runs(emu: Emulated, kind: str, out: Path) -> str:
 def test_shaped_link_busbw_share_and_scaling_model(emu, tmp_path):
     """Every node's egress shaped to 200 Mbit/s: twinbench's own point-to-point probe sees that rate, each
     backend's allreduce bus bandwidth is reported as a share of it (1 rank per node: every byte crosses the link),
-    and the report's scaling model (common.scaling), fitted from the 1-worker run and the benchmark, predicts the
-    2-node step time of a job allreducing 3.3 MB per step within 15% (Horovod over MPI with recursive doubling:
+    and the report's scaling model (common.diagnostics.scaling), fitted from the 1-worker run and the benchmark,
+    predicts the 2-node step time of a job allreducing 3.3 MB per step within 15% (Horovod over MPI with recursive
+    doubling:
     HOROVOD_MPI_ENV); every node on its own CPU, as separate machines (MODEL_TOLERANCE)."""
     outputs = {}
     emu.sh("shape", "200mbit")

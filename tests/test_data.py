@@ -1,4 +1,4 @@
-"""common.data: on-disk formats, DataError messages, and the sharding rule both backends rely on for parity."""
+"""common.workload.data: on-disk formats, DataError messages, and the sharding rule both backends rely on for parity."""
 
 import os
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common import data, datasets
-from common.data import DataError
-from common.job import Job, JobError
+from common.workload import data, datasets
+from common.workload.data import DataError
+from common.workload.job import Job, JobError
 
 # Small synthetic set for the sharding tests: 100 samples do not fill the last global batch of 12 (8 steps of 12
 # per epoch, 4 samples dropped), so the drop rule is exercised too.
@@ -432,7 +432,7 @@ def test_start_step_resumes_the_stream_exactly():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the registry: a dataset is one entry in common.datasets
+# the registry: a dataset is one entry in common.workload.datasets
 # ----------------------------------------------------------------------------------------------------------------
 def test_a_dataset_registered_in_datasets_alone_is_a_valid_job_dataset():
     x, y = unique_images(30, (4, 4, 1), seed=2), (np.arange(30) % 3).astype(np.int32)

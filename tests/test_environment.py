@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from common import buildinfo
+from common.core import buildinfo
 from tests.conftest import REPO, base_env, env_with_broken_horovod
 
 SETUP = REPO / "scripts" / "setup.sh"
@@ -131,7 +131,7 @@ def test_build_marker_describes_installed_horovod():
 
 
 def test_versions_report_the_horovod_patch(monkeypatch):
-    from common import results
+    from common.core import results
 
     vers = results.versions()
     if "horovod" not in sys.modules:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from common.datasets import DATASETS
-from common.job import FIELDS, OPTIONAL_KEYS, Job, JobError, job_from_dict, load_job
-from common.models import MODELS, ModelSpec
+from common.workload.datasets import DATASETS
+from common.workload.job import FIELDS, OPTIONAL_KEYS, Job, JobError, job_from_dict, load_job
+from common.workload.models import MODELS, ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent
 JOB_FILES = sorted((REPO / "jobs").glob("*.toml"))

@@ -1,4 +1,4 @@
-"""common.machine (every record's ``machine`` block) and how the report uses it (rows kept apart by machine, the
+"""common.cluster.machine (every record's ``machine`` block) and how the report uses it (rows kept apart by machine, the
 Machine section, plot subtitles, paths without a home directory).
 
 Single process. GPUs, NVML, nvidia-smi, mpirun, Slurm and sysfs are fakes that answer as the real ones document;
@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from common import machine
-from common.job import Job
-from common.loops import Plan
+from common.cluster import machine
+from common.core.results import BreakdownRecord
 from common.report import build_report, machines, summarize
 from common.report.render import format_ratio_table, short_command
-from common.results import BreakdownRecord
+from common.training.loops import Plan
+from common.workload.job import Job
 from tests.test_report import make_run, put
 
 A100, H100 = "NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"
@@ -128,8 +128,8 @@ def test_this_machine_block() -> None:
 
 
 def test_records_carry_the_block_through_gather_and_make_record() -> None:
-    """common.train.gather adds each rank's facts, make_record combines them into RunRecord.machine."""
-    from common import train
+    """common.training.train.gather adds each rank's facts, make_record combines them into RunRecord.machine."""
+    from common.training import train
 
     job = Job(name="m", per_replica_batch_size=4, steps=2)
     backend = types.SimpleNamespace(
@@ -151,8 +151,8 @@ def test_records_carry_the_block_through_gather_and_make_record() -> None:
 
 
 def test_allreduce_record_carries_the_block(tmp_path: Path) -> None:
-    from common import bench
-    from common.runconfig import BenchOptions
+    from common.diagnostics import allreduce as bench
+    from common.training.runconfig import BenchOptions
 
     backend = types.SimpleNamespace(name="native", num_workers=1, num_replicas=1, rank=0, is_chief=True,
                                     allgather=lambda x: [x], allreduce_fn=lambda: (lambda t: t), describe=lambda: {})

@@ -1,4 +1,4 @@
-"""common.models: logits, architectures (parameter counts), L2 regularisation, errors, seeded determinism."""
+"""common.workload.models: logits, architectures (parameter counts), L2 regularisation, errors, seeded determinism."""
 
 import os
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common import data, models
-from common.job import Job, JobError
-from common.models import ModelError
+from common.workload import data, models
+from common.workload.job import Job, JobError
+from common.workload.models import ModelError
 
 
 def build(seed: int = 0, **kw) -> tf.keras.Model:

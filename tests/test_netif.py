@@ -1,5 +1,5 @@
-"""The data interface option (``--iface`` / ``TWINBENCH_IFACE``, ``common.netif``): checked before TensorFlow starts,
-handed to every launcher, turned into the MWMS workers' addresses, and recorded with the run's topology.
+"""The data interface option (``--iface`` / ``TWINBENCH_IFACE``, ``common.cluster.netif``): checked before TensorFlow
+starts, handed to every launcher, turned into the MWMS workers' addresses, and recorded with the run's topology.
 
 Unit tests on this host (loopback is the one interface certain to exist) plus one run per backend at 2 local ranks;
 across nodes, with the interface every emulated node has, in tests/test_cluster.py.
@@ -17,8 +17,8 @@ import pytest
 
 from backends import horovod, native_cluster
 from backends.base import cpu_share
-from common import netif
-from common.errors import UsageError
+from common.cluster import netif
+from common.core.errors import UsageError
 from tests.conftest import REPO, base_env, only_result, run
 
 distributed = pytest.mark.distributed
@@ -145,7 +145,7 @@ def test_topology_and_network_records():
 def test_watchdog_probes_the_interface_address_not_the_host_name():
     """With --iface the watchdog reaches peers at their data address: a host name that does not resolve (or points
     at another network) must not make a live peer look lost, and without an address the host name is used."""
-    from common import reliability as rel
+    from common.training import reliability as rel
 
     assert netif.reach_address("lo") == "127.0.0.1"  # what start_watchdog and the link probe publish
     assert netif.reach_address(None) == socket.gethostname()

@@ -1,4 +1,5 @@
-"""The objective's one home (common.objective): what every loop minimises, checked against a hand computation."""
+"""The objective's one home (common.training.objective): what every loop minimises, checked against a hand
+computation."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from common import objective
-from common.job import Job
+from common.training import objective
+from common.workload.job import Job
 
 
 def test_replica_objective_is_summed_loss_over_global_batch_plus_regularisation_over_replicas():

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from common import loops, observe
-from common.reliability import Preemption
-from common.runconfig import RunOptions
+from common.training import loops, observe
+from common.training.reliability import Preemption
+from common.training.runconfig import RunOptions
 from tests.conftest import PY, SMOKE, backend_cmd, base_env, only_result, run
 from tests.test_clock import FakeBackend, FakeClock
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from common.localcluster import loopback_workers, tf_config
+from common.cluster.localcluster import loopback_workers, tf_config
 from tests.conftest import BIN, PY, REPO, SMOKE, base_env, first_divergence, only_result, run
 
 pytestmark = pytest.mark.distributed

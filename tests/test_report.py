@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common import report  # noqa: E402
-from common.job import Job  # noqa: E402
+from common.workload.job import Job  # noqa: E402
 
 T975_DF2 = 4.302652729749462  # t(0.975, 2) from a printed t table (= scipy.stats.t.ppf(0.975, 2))
 JOB_A = Job(name="small", per_replica_batch_size=16, steps=12)  # the job most tests use
@@ -425,7 +425,7 @@ def test_version_mix_rules() -> None:
 
 def test_required_fields_come_from_run_record(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from common import results
+    from common.core import results
 
     assert not hasattr(report, "REQUIRED")  # no second list: the report asks RunRecord
     assert list(results.REQUIRED) == ["schema", "kind", "backend", "world_size", "num_workers", "job_hash", "job",

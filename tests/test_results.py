@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from common import results as res
+from common.core import results as res
 
 
 def test_throughput_is_wall_clock_of_the_slowest_rank_after_warmup():
@@ -135,7 +135,7 @@ def test_run_record_optional_fields_default_and_required_ones_are_checked():
 
 def test_input_record_names_what_it_measured_and_decides_kept_up():
     """RunRecord.input from every rank's input wait: the slowest rank's share of its own timed wall time decides."""
-    from common import inputwait as iw
+    from common.training import inputwait as iw
 
     fetch = [{"method": "fetch", "seconds": 0.01}, {"method": "fetch", "seconds": 0.3}]
     rec = iw.summarise(fetch, [1.0, 2.0])

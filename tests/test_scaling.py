@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.scaling import comm_time, fit_alpha_beta, predict
+from common.diagnostics.scaling import comm_time, fit_alpha_beta, predict
 
 
 def test_fit_recovers_alpha_beta_and_bus_bandwidth():

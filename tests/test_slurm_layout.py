@@ -1,11 +1,11 @@
-"""Slurm task layout (common.slurm_layout): hostlists, block/cyclic placement, the own-entry check, and the case
+"""Slurm task layout (common.cluster.slurm_layout): hostlists, block/cyclic placement, the own-entry check, and the case
 where TensorFlow's SlurmClusterResolver gets the order wrong (string-sorted node names)."""
 
 from __future__ import annotations
 
 import pytest
 
-from common.slurm_layout import (
+from common.cluster.slurm_layout import (
     LayoutError,
     expand_hostlist,
     expand_tasks_per_node,

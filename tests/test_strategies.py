@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from backends import native_cluster
-from common import localcluster
-from common.errors import UsageError
+from common.cluster import localcluster
+from common.core.errors import UsageError
 from common.ps_loop import sync_points
 from common.report.summary import row_label
 from tests.conftest import PY, REPO, SMOKE, base_env, only_result, run
@@ -139,8 +139,8 @@ def test_worker_slots_are_the_synchronous_pipelines():
     import tensorflow as tf
 
     from backends.native_input import worker_slots
-    from common.data import make_train_dataset
-    from common.job import load_job
+    from common.workload.data import make_train_dataset
+    from common.workload.job import load_job
 
     job = load_job(SMOKE, [])
 
@@ -215,7 +215,7 @@ def test_report_never_merges_strategies_and_reads_the_asynchronous_field(tmp_pat
 
 def test_checkpoint_dir_names_a_strategy_other_than_the_default(tmp_path):
     from backends import native
-    from common import reliability as rel
+    from common.training import reliability as rel
 
     plain = rel.ckpt_dir(tmp_path, "native", 2, "0123456789abcdef")
     # the default strategy names no variant: checkpoints written before variants existed still resume

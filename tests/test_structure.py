@@ -37,3 +37,19 @@ def test_checker_finds_a_list_of_backends_outside_backends():
     names = list(cs.backends.names())[:2]
     found = cs.backend_listings(ast.parse(f"B = {tuple(names)!r}\nX = ({names[0]!r},)\n"), "common/x.py")
     assert len(found) == 1 and "common/x.py:1" in found[0]
+
+
+def test_checker_finds_a_lower_layer_importing_a_higher_one():
+    graph = {
+        "common.workload.job": {"common.training.loops"},  # workload -> training: up
+        "common.training.loops": {"common.workload.job", "backends.base", "common.core.errors"},  # down: allowed
+        "common.report.load": {"backends"},  # the registry package is the bottom layer
+        "backends.base": {"backends.native"},  # the contract importing a backend: up to the entry layer
+        "common.sweep": {"common.report.load", "common.training.train"},  # entry modules may import anything
+    }
+    found = cs.upward_imports(graph)
+    assert len(found) == 2, found
+    assert found[0].startswith("backends.base (contract) imports backends.native (entry)")
+    assert found[1].startswith("common.workload.job (workload) imports common.training.loops (training)")
+    assert [cs.layer_of(m) for m in ("backends", "backends.base", "common.core.results", "common.workload",
+                                     "common.report.cli", "common.cli", "backends.horovod")] == [0, 0, 0, 1, 5, 6, 6]

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common import data, tfrecord
-from common.data import DataError, DataUsageError
-from common.errors import UsageError
-from common.job import Job, JobError, load_job
+from common.core.errors import UsageError
+from common.workload import data, tfrecord
+from common.workload.data import DataError, DataUsageError
+from common.workload.job import Job, JobError, load_job
 from tests.conftest import REPO, backend_cmd, base_env, first_divergence, only_result, run
 
 SHAPE = (8, 8, 3)
@@ -127,7 +127,7 @@ def test_counts_records_from_the_framing_and_caches_the_index(tmp_path, monkeypa
 
 def test_counting_does_not_import_tensorflow(tmp_path):
     write_shards(tmp_path, [3, 4])
-    code = ("import sys; from common import data; from common.job import Job; "
+    code = ("import sys; from common import data; from common.workload.job import Job; "
             f"print(data.dataset_info(Job(dataset='tfrecord', data_dir=sys.argv[1], image_shape={SHAPE}))[0]); "
             "assert 'tensorflow' not in sys.modules")
     env = {**base_env(), "TWINBENCH_CACHE": str(tmp_path / "cache")}
@@ -214,7 +214,7 @@ def test_shipped_imagenet_job(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# exact mode: the parity rule of common.data over records read by offset
+# exact mode: the parity rule of common.workload.data over records read by offset
 # ----------------------------------------------------------------------------------------------------------------
 def test_exact_mode_is_the_global_shuffle_of_the_record_stream(tmp_path):
     labels = write_shards(tmp_path, [9, 7, 10])  # 26 records: 3 global batches of 8 per epoch, 2 dropped

@@ -10,7 +10,7 @@ Writes ``report.md``, ``report.csv`` and two PNGs per job (``throughput_<hash>.p
 atomically into ``--out`` (default RESULTS_DIR/report).
 
 API: ``load_runs`` -> ``summarize`` -> ``format_table`` / ``format_markdown``; ``write_report`` does it all.
-Modules: base (errors, n/a), stats, load (files -> runs, validated by common.results.RunRecord), summary,
+Modules: base (errors, n/a), stats, load (files -> runs, validated by common.core.results.RunRecord), summary,
 selection (which jobs; refusing different jobs), versions, machines (row keys by machine, the Machine section),
 render (Markdown, CSV), plots, model (allreduce and scaling model), build (writing the files), cli. Backend names,
 order, colours and the headline ratio come from the ``backends`` registry. This package never imports TensorFlow
@@ -19,6 +19,7 @@ order, colours and the headline ratio come from the ``backends`` registry. This 
 
 from __future__ import annotations
 
+from common.core.results import SCHEMA
 from common.report.base import NA, NO_INTERVAL, MixedVersionsError, ReportError
 from common.report.build import Report, build_report, check_versions, write_report
 from common.report.cli import main
@@ -42,7 +43,6 @@ from common.report.selection import different_jobs_message, job_diff, select_job
 from common.report.stats import mean_ci95, median, t_quantile_975
 from common.report.summary import JobSummary, RatioRow, Row, order_backends, summarize
 from common.report.versions import version_mix
-from common.results import SCHEMA
 
 _median = median  # the name tests/test_report.py checks against statistics.median
 

@@ -1,5 +1,5 @@
 """Producing the report: load, summarize, select, check versions, then write report.md, report.csv and the
-PNGs atomically (common.results.write_atomic: temp file + fsync + rename)."""
+PNGs atomically (common.core.results.write_atomic: temp file + fsync + rename)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import backends
+from common.core.results import BREAKDOWN_PHASES, BreakdownRecord, write_atomic
 from common.report.base import MixedVersionsError, ReportError, warn
 from common.report.load import load_allreduce, load_breakdowns, load_runs, result_files
 from common.report.model import format_allreduce, format_model
@@ -20,7 +21,6 @@ from common.report.selection import select_jobs
 from common.report.stats import median, num
 from common.report.summary import JobSummary, order_backends, summarize
 from common.report.versions import mix_message
-from common.results import BREAKDOWN_PHASES, BreakdownRecord, write_atomic
 
 
 @dataclass
@@ -126,7 +126,8 @@ def write_report(results_dir: str | os.PathLike[str], out_dir: str | os.PathLike
                         allow_mixed_versions=allow_mixed_versions).paths
 
 
-# -- the --diagnose breakdown section (common.breakdown writes the records) -------------------------------------
+# -- the --diagnose breakdown section (common.diagnostics.breakdown writes the records)
+# -------------------------------------
 PHASE_WORDS = {"input": "input", "compute": "compute (forward + backward)", "comm": "gradient communication",
                "apply": "the optimizer update", "rest": "the rest (between steps)"}
 BREAKDOWN_METHOD = (

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         job = None
         if args.job is not None:
-            from common.job import JobError, load_job
+            from common.workload.job import JobError, load_job
 
             try:
                 job = load_job(args.job, args.set).to_dict()

@@ -1,4 +1,4 @@
-"""Reading a results directory: finding the JSON files, validating training runs (common.results.RunRecord)
+"""Reading a results directory: finding the JSON files, validating training runs (common.core.results.RunRecord)
 and loading them, and loading the allreduce microbenchmarks."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from common.core.results import SCHEMA, BreakdownRecord, RecordError, RunRecord
 from common.report.base import ReportError, warn
 from common.report.stats import num
-from common.results import SCHEMA, BreakdownRecord, RecordError, RunRecord
 
 OTHER_KINDS = ("sweep", "allreduce", "breakdown")  # JSONs that live in results dirs but are not training runs
 _HASH_RE = re.compile(r"[0-9a-f]{16}")
 
 
 def recompute_job_hash(job: Mapping[str, Any]) -> str:
-    """The hash ``common.job.Job.job_hash`` gives this ``job`` dict (one definition: common.job's)."""
-    from common.job import JobError, job_from_dict
+    """The hash ``common.workload.job.Job.job_hash`` gives this ``job`` dict (one definition: common.workload.job's)."""
+    from common.workload.job import JobError, job_from_dict
 
     try:
         return job_from_dict(dict(job)).job_hash
@@ -145,7 +145,8 @@ def _of_kind(results_dir: str | os.PathLike[str], kind: str) -> Iterator[tuple[P
 
 
 def load_allreduce(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None] = warn) -> list[dict[str, Any]]:
-    """The ``kind: allreduce`` JSONs (common.bench) under ``results_dir``, newest last per backend x size."""
+    """The ``kind: allreduce`` JSONs (common.diagnostics.allreduce) under ``results_dir``, newest last per backend x
+    size."""
     out = []
     for path, d in _of_kind(results_dir, "allreduce"):
         if not isinstance(d.get("rows"), list) or not isinstance(d.get("world_size"), int) or not d.get("backend"):
@@ -158,7 +159,8 @@ def load_allreduce(results_dir: str | os.PathLike[str], *, warn: Callable[[str],
 
 def load_breakdowns(results_dir: str | os.PathLike[str], *,
                     warn: Callable[[str], None] = warn) -> list[BreakdownRecord]:
-    """The ``kind: breakdown`` JSONs (``--diagnose breakdown``, common.breakdown) under ``results_dir``, oldest
+    """The ``kind: breakdown`` JSONs (``--diagnose breakdown``, common.diagnostics.breakdown) under ``results_dir``,
+    oldest
     first; an unreadable one is skipped with a warning naming the file."""
     out = []
     for path, d in _of_kind(results_dir, "breakdown"):

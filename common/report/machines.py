@@ -1,5 +1,5 @@
-"""The machines a job's runs ran on (each record's ``machine`` block, common.machine): the row keys that keep runs
-on different machines apart, the report's Machine section and the plots' subtitle.
+"""The machines a job's runs ran on (each record's ``machine`` block, common.cluster.machine): the row keys that keep
+runs on different machines apart, the report's Machine section and the plots' subtitle.
 
 A run's machine signature is its CPU model(s), GPU model(s) and node count. Rows are never merged across
 signatures: when a job's runs have more than one hardware (CPU and GPU models), every row names its hardware, and
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.machine import section
+from common.cluster.machine import section
 from common.report.base import NA
 
 NOT_RECORDED = "machine not recorded"  # the hardware label of a run whose record predates the machine block

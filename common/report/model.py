@@ -1,11 +1,12 @@
-"""The report's allreduce microbenchmark tables and its scaling-model section (arithmetic in common.scaling)."""
+"""The report's allreduce microbenchmark tables and its scaling-model section (arithmetic in
+common.diagnostics.scaling)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common import scaling
+from common.diagnostics import scaling
 from common.report.base import NA
 from common.report.render import distinct, fmt_num, md_table
 from common.report.stats import median, num

@@ -148,7 +148,7 @@ PHASE_COLORS = {"input": "tab:green", "compute": "tab:blue", "comm": "tab:red", 
 def plot_breakdown(title: str, bars: Sequence[tuple[str, Mapping[str, float], float | None]]) -> bytes:
     """PNG bytes of a stacked bar per (label, phases in seconds, benchmark step in seconds or None): the phases
     in step order, bottom to top, in ms; the normal benchmark's mean step as a dashed tick where one exists."""
-    from common.results import BREAKDOWN_PHASES
+    from common.core.results import BREAKDOWN_PHASES
 
     fig = _new_figure()
     ax = fig.add_subplot()

@@ -13,7 +13,7 @@ from common.report.summary import JobSummary
 def job_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """``"field: a vs b"`` for every hashed job field that differs, in the Job's declared field order."""
     try:
-        from common.job import FIELDS  # stdlib-only module: field order for a readable diff
+        from common.workload.job import FIELDS  # stdlib-only module: field order for a readable diff
 
         order = [k for k in FIELDS if k in a or k in b]
     except ImportError:  # the report copied elsewhere without the rest of twinbench

@@ -2,7 +2,7 @@
 
 A comparison mixes versions when its runs differ in one of ``COMPARED`` (numpy is recorded, not compared). A
 key a run's ``versions`` lacks counts as "unknown", but only for backends that record that key at all: a key no
-run of a backend records is a package that backend does not use (``common.results.versions()`` lists imported
+run of a backend records is a package that backend does not use (``common.core.results.versions()`` lists imported
 modules only), and a key missing in every run is no difference.
 """
 

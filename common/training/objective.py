@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from common.job import Job
+from common.workload.job import Job
 
 
 def per_example_loss(job: Job) -> Any:

@@ -112,7 +112,7 @@ class Trace:
     @classmethod
     def create(cls, backend: Any, results_dir: str, label: str, steps: tuple[int, int], start_step: int) -> Trace:
         """One id for every rank (the chief's, by one allgather before the first step)."""
-        from common import results as res
+        from common.core import results as res
 
         run_id = res.new_run_id()
         if backend.num_workers > 1 and not backend.uses_coordinator:

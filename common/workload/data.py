@@ -1,6 +1,7 @@
 """Training data for both backends: dispatch to the dataset registry, and the one sharded tf.data pipeline.
 
-Which datasets exist, their files, checks, info and loaders live in ``common.datasets`` (one entry per dataset, in
+Which datasets exist, their files, checks, info and loaders live in ``common.workload.datasets`` (one entry per dataset,
+in
 ``DATASETS``); this module looks a job's dataset up there. ``dataset_info`` and ``load_arrays`` never import
 TensorFlow, so a bad ``data_dir`` is rejected before TF starts; only ``make_train_dataset`` imports it.
 
@@ -8,7 +9,7 @@ Parity rule (both backends call ``make_train_dataset``; see its docstring): one 
 training set with the job's seed, cut into global batches of G samples, global batch k split into consecutive
 per-replica slots of b samples. Concatenating every replica's batch k therefore gives exactly batch k of
 ``shuffle(n, seed).batch(G, drop_remainder=True)``, whatever the number of processes or replicas per process.
-TFRecord shards keep the rule by reading each record by its byte offset (``common.tfrecord``), except with the
+TFRecord shards keep the rule by reading each record by its byte offset (``common.workload.tfrecord``), except with the
 opt-in ``tfrecord_sharding = "files"`` (each rank streams its own shards: fastest, no cross-world-size parity).
 """
 
@@ -20,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common import tfrecord
-from common.datasets import DATASETS, DataError, list_image_folder
-from common.errors import UsageError
-from common.job import Job
+from common.core.errors import UsageError
+from common.workload import tfrecord
+from common.workload.datasets import DATASETS, DataError, list_image_folder
+from common.workload.job import Job
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Backend
-from common import machine, observe, p2p
-from common import results as res
-from common.runconfig import BenchOptions
+from common.cluster import machine
+from common.core import results as res
+from common.diagnostics import p2p
+from common.training import observe
+from common.training.runconfig import BenchOptions
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"  # nccl-tests style sweep, 4 KiB to 256 MiB
 UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
@@ -93,7 +95,7 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
         "rows": rows, "bus_factor": bus_factor(n), "versions": res.versions(),
         "hosts": [r["host"] for r in everyone], "command": command, "finished_at": res.now_iso(),
         "run_id": res.new_run_id(),
-        "link": link,  # common.p2p: the probed point-to-point rate
+        "link": link,  # common.diagnostics.p2p: the probed point-to-point rate
         "machine": machine.combine([r["machine"] for r in everyone]),
     }
     if verbose:

@@ -1,6 +1,6 @@
 """The two training loops, Keras ``fit`` and a custom ``tf.function`` loop, and what runs around every step.
 
-Both take the job's objective and LR schedule from ``common.objective`` (the loss-scaling rules that make both
+Both take the job's objective and LR schedule from ``common.training.objective`` (the loss-scaling rules that make both
 backends compute the same math). Per-step losses are recorded locally (no extra collective inside the timed loop)
 and averaged across ranks once at the end: every replica has the same batch size, so the mean of replica means is
 the global mean.
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import Backend
-from common import inputwait
-from common import reliability as rel
-from common.job import Job
-from common.objective import lr_at_step, replica_objective
-from common.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS, RunOptions
+from common.training import inputwait
+from common.training import reliability as rel
+from common.training.objective import lr_at_step, replica_objective
+from common.training.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS, RunOptions
+from common.workload.job import Job
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,17 @@ class StepHooks:
     losses: list[float] = field(default_factory=list)  # this rank's loss of every step of this run
     first_step_done: float | None = None
     stopped_at: int | None = None
-    input_clock: Any = None  # common.inputwait: the loop's input-wait clock (read once, after the loop)
+    input_clock: Any = None  # common.training.inputwait: the loop's input-wait clock (read once, after the loop)
     _last_check: int = 0  # steps done at the last agreement
     _last_check_time: float = 0.0
     _check_every: int = 0  # steps between agreements (0 until the clock starts)
     global_batch: int = 0  # images per step: the progress line's images/s (0: steps/s only)
     label: str = ""  # <backend>-<mode>-n<replicas>: names this run's profile directory
-    trace: Any = None  # common.observe.Trace under --profile-steps
-    progress: Any = None  # common.observe.Progress on a verbose chief
+    trace: Any = None  # common.training.observe.Trace under --profile-steps
+    progress: Any = None  # common.training.observe.Progress on a verbose chief
 
     def __post_init__(self) -> None:
-        from common import observe
+        from common.training import observe
 
         if self.opts.verbose and self.backend.is_chief and self.opts.progress_seconds > 0:
             self.progress = observe.Progress(self.opts.progress_seconds, self.global_batch, self.total,

@@ -1,11 +1,11 @@
 """Models: the same functional tf.keras (legacy Keras 2, tf_keras) graph for both backends, returning logits.
 
 Builtins are registered in ``MODELS`` (name -> builder and one-line description), each by ``@register`` on its
-builder: adding a model touches this file only; ``common.job`` validates names against ``MODELS``, so this module
-imports neither ``common.job`` nor, at import time, TensorFlow. Any other name is a ``tf.keras.applications``
-constructor built with ``weights=None``. The last layer is always float32 (a linear Activation with dtype
-float32) so logits and the loss stay float32 under the mixed_float16 policy. Weights are random from the global
-seed the caller sets (``tf.keras.utils.set_random_seed(job.seed)``) before ``build_model``; this module never
+builder: adding a model touches this file only; ``common.workload.job`` validates names against ``MODELS``, so this
+module imports neither ``common.workload.job`` nor, at import time, TensorFlow. Any other name is a
+``tf.keras.applications`` constructor built with ``weights=None``. The last layer is always float32 (a linear Activation
+with dtype float32) so logits and the loss stay float32 under the mixed_float16 policy. Weights are random from the
+global seed the caller sets (``tf.keras.utils.set_random_seed(job.seed)``) before ``build_model``; this module never
 seeds anything. TensorFlow is imported lazily so that importing this module (e.g. for ``model_names``) stays cheap.
 """
 
@@ -38,7 +38,8 @@ _BN_EPSILON = 1e-5
 
 
 class ModelJob(Protocol):
-    """The job fields models read: a ``common.job.Job`` (not imported here, ``common.job`` imports this module)."""
+    """The job fields models read: a ``common.workload.job.Job`` (not imported here, ``common.workload.job``
+    imports this module)."""
 
     @property
     def model(self) -> str: ...

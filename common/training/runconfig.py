@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.reliability import PEER_TIMEOUT, STALL_TIMEOUT
+from common.training.reliability import PEER_TIMEOUT, STALL_TIMEOUT
 
 # Preemption agreements (one small collective each, at a host sync): about once a second by default (a signal is
 # acted on within a second or so, at a cost of one collective per second), every 10 steps until the step is timed.
@@ -29,15 +29,17 @@ class RunOptions:
     command: tuple[str, ...]  # the exact command line, for the record
     results_dir: str | None = None  # where the chief writes the results JSON (None: nowhere)
     verbose: bool = True  # progress on the chief
-    peer_timeout: float = PEER_TIMEOUT  # see common.reliability
-    stall_timeout: float = STALL_TIMEOUT  # see common.reliability
+    peer_timeout: float = PEER_TIMEOUT  # see common.training.reliability
+    stall_timeout: float = STALL_TIMEOUT  # see common.training.reliability
     preempt_check_steps: int = 0  # agree on a pending SIGTERM/SIGUSR1 every N steps (0: about once a second)
     signal_at_step: int = 0  # testing aid: the chief sends itself SIGTERM after this global step (0 = never)
     pause_between_steps: float = 0.0  # testing aid: host sleep (s) after each step, which the clock must count
-    slow_input: float = 0.0  # testing aid: each batch sleeps (s) in the input pipeline (common.inputwait.slowed)
+    # testing aid: each batch sleeps (s) in the input pipeline (common.training.inputwait.slowed)
+    slow_input: float = 0.0
     resume_from: str | None = None  # explicit checkpoint dir (default: this run's own in the results dir)
     bench: BenchOptions | None = None  # run a microbenchmark instead of the job
     profile_steps: tuple[int, int] | None = None  # --profile-steps A:B (global, 1-based, inclusive); None = no trace
     progress_seconds: float = PROGRESS_SECONDS  # seconds between the chief's progress lines (0 = none)
-    diagnose: str | None = None  # "breakdown": a diagnostic run of the job's step split into phases (common.breakdown)
+    # "breakdown": a diagnostic run of the job's step split into phases (common.diagnostics.breakdown)
+    diagnose: str | None = None
     iface: str | None = None  # --iface: the data network interface every launcher was pointed at (None: theirs)

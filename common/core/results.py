@@ -90,7 +90,7 @@ class RunRecord:
     topology: dict[str, Any] | None = None  # hosts, local size per rank, cross size (the launcher's placement)
     collective: dict[str, Any] | None = None  # Backend.collective(): requested, used, reason
     tuning: dict[str, Any] | None = None  # base.tuning_record(): knobs in effect, defaults, variant label, env
-    machine: dict[str, Any] | None = None  # common.machine: CPU, GPUs, libraries, Slurm, network, memory
+    machine: dict[str, Any] | None = None  # common.cluster.machine: CPU, GPUs, libraries, Slurm, network, memory
     artifacts: dict[str, Any] | None = None  # TensorBoard / profiler / timeline paths, relative to the results dir
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,7 +131,8 @@ _FIELD_NAMES = frozenset(FIELDS)
 REQUIRED: dict[str, tuple[type, ...]] = _required_fields()  # what a reader requires (derived, never listed)
 
 
-# -- the --diagnose breakdown record (common.breakdown) --------------------------------------------------------
+# -- the --diagnose breakdown record (common.diagnostics.breakdown)
+# --------------------------------------------------------
 BREAKDOWN_PHASES = ("input", "compute", "comm", "apply", "rest")  # in step order; they sum to the step time
 
 
@@ -172,7 +173,7 @@ class BreakdownRecord:
     started_at: str | None = None
     finished_at: str | None = None
     run_id: str | None = None
-    machine: dict[str, Any] | None = None  # common.machine: CPU, GPUs, libraries, Slurm, network, memory
+    machine: dict[str, Any] | None = None  # common.cluster.machine: CPU, GPUs, libraries, Slurm, network, memory
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -270,7 +271,7 @@ def versions() -> dict[str, str]:
         if m is not None and hasattr(m, "__version__"):
             out[mod] = str(m.__version__)
     if "horovod" in out:  # the patches scripts/setup.sh applied to its sdist (short sha256s), "none" or "unknown"
-        from common import buildinfo
+        from common.core import buildinfo
 
         out["horovod_patch"] = buildinfo.horovod_patch()
     return out

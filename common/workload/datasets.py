@@ -1,16 +1,16 @@
 """The dataset registry: each dataset's name, file checks, info and array loading, next to its format readers.
 
 Adding a dataset touches this file only: write its readers and one ``register(DatasetSpec(...))`` in a section of
-its own; ``common.job`` takes the valid names (and which job keys the dataset reads) from ``DATASETS``, and
-``common.data`` dispatches ``dataset_info``, ``load_arrays`` and ``make_train_dataset`` through it. Registration
-order is the order job errors list the names in.
+its own; ``common.workload.job`` takes the valid names (and which job keys the dataset reads) from ``DATASETS``, and
+``common.workload.data`` dispatches ``dataset_info``, ``load_arrays`` and ``make_train_dataset`` through it.
+Registration order is the order job errors list the names in.
 
 Nothing is ever downloaded: every real dataset is read from ``job.data_dir`` in the exact format Keras caches it
 (``mnist.npz``, the four Fashion-MNIST idx ``.gz`` files, the CIFAR-10 python pickle batches) or, for
 ``image_folder``, from ``data_dir/<class_name>/*.{jpg,jpeg,png}``, or, for ``tfrecord``, from ImageNet's
-``train-NNNNN-of-NNNNN`` TFRecord shards (format and record index in ``common.tfrecord``). This module never imports
-TensorFlow (so ``common.job`` can validate against it before TF starts), nor ``common.job`` (which imports it): a job
-is anything with the fields of ``DatasetJob``.
+``train-NNNNN-of-NNNNN`` TFRecord shards (format and record index in ``common.workload.tfrecord``). This module never
+imports TensorFlow (so ``common.workload.job`` can validate against it before TF starts), nor ``common.workload.job``
+(which imports it): a job is anything with the fields of ``DatasetJob``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
-from common import tfrecord
+from common.workload import tfrecord
 
 
 class DataError(ValueError):
@@ -35,7 +35,8 @@ class DataError(ValueError):
 
 
 class DatasetJob(Protocol):
-    """The job fields datasets read: a ``common.job.Job`` (not imported here, ``common.job`` imports this module)."""
+    """The job fields datasets read: a ``common.workload.job.Job`` (not imported here, ``common.workload.job``
+    imports this module)."""
 
     @property
     def data_dir(self) -> str: ...

@@ -1,10 +1,10 @@
 """How this environment's Horovod was built: the marker ``scripts/setup.sh`` writes, and the pinned versions.
 
 ``scripts/setup.sh`` builds Horovod from its sdist (patched for TensorFlow 2.19+, see ``scripts/patches/``) and then
-writes ``<sys.prefix>/twinbench-build.json`` (``python -m common.buildinfo write ...``): the TensorFlow, tf-keras and
-Horovod versions, the patch files applied with their sha256, the build flags, and the RECORD hash of Horovod's
+writes ``<sys.prefix>/twinbench-build.json`` (``python -m common.core.buildinfo write ...``): the TensorFlow, tf-keras
+and Horovod versions, the patch files applied with their sha256, the build flags, and the RECORD hash of Horovod's
 TensorFlow library, so that a Horovod reinstalled by other means is not mistaken for twinbench's build.
-``common.doctor`` and ``common.results.versions()`` read it; nothing here imports TensorFlow or Horovod.
+``common.doctor`` and ``common.core.results.versions()`` read it; nothing here imports TensorFlow or Horovod.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m common.buildinfo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m common.core.buildinfo", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write", help="write the marker for the Horovod just installed (scripts/setup.sh)")
     w.add_argument("--build-id", required=True)

@@ -1,7 +1,7 @@
 """One training run on a set-up backend, in named steps: plan, build, resume, loop (fit | ctl), gather, record.
 
 The loops themselves (and the loss-scaling rules that make both backends compute the same math) are in
-``common.loops``; this module owns what happens before and after them: the model and optimizer, the checkpoint
+``common.training.loops``; this module owns what happens before and after them: the model and optimizer, the checkpoint
 (resume and preemption), the gathering of every rank's measurements, and the chief's results record.
 """
 
@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Backend, comm_env, tuning_record
-from common import data as data_mod
-from common import inputwait, loops, machine, netif, objective, observe
-from common import reliability as rel
-from common import results as res
-from common.errors import PeerLost, Preempted, UsageError
-from common.job import Job
-from common.loops import Plan, StepHooks
-from common.runconfig import RunOptions
+from common.cluster import machine, netif
+from common.core import results as res
+from common.core.errors import PeerLost, Preempted, UsageError
+from common.training import inputwait, loops, objective, observe
+from common.training import reliability as rel
+from common.training.loops import Plan, StepHooks
+from common.training.runconfig import RunOptions
+from common.workload import data as data_mod
+from common.workload.job import Job
 
 
 def build_optimizer(job: Job, lr: float) -> Any:
@@ -185,7 +186,7 @@ def build(job: Job, backend: Backend, plan: Plan) -> Built:
     """Model and optimizer under the backend's scope, with optimizer slots created (so a checkpoint can load)."""
     import tensorflow as tf
 
-    from common import models as models_mod
+    from common.workload import models as models_mod
 
     _, input_shape, num_classes = data_mod.dataset_info(job)
     tf.keras.utils.set_random_seed(job.seed)  # weights, dropout: identical on every rank and backend
@@ -273,7 +274,7 @@ def gather(backend: Backend, built: Built, hooks: StepHooks, opts: RunOptions,
 def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built: Built, resume: Resume,
                 everyone: list[dict[str, Any]], per_rank_losses: list[list[float]], step_losses: list[float],
                 init_digest: str) -> res.RunRecord:
-    """The chief's results record (schema in ``common.results``)."""
+    """The chief's results record (schema in ``common.core.results``)."""
     stats = res.throughput_stats([r["clock_marks"] for r in everyone], plan.global_batch, everyone[0]["warm"],
                                  job.sync_interval)
     n_params = int(sum(int(math.prod(v.shape)) for v in built.model.trainable_variables))

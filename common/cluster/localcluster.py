@@ -15,8 +15,8 @@ import sys
 import time
 from typing import Any
 
-from common import netif
-from common.errors import EXIT_PREEMPTED
+from common.cluster import netif
+from common.core.errors import EXIT_PREEMPTED
 
 LOOPBACK = "127.0.0.1"
 

@@ -4,7 +4,8 @@ A job is a frozen, validated dataclass loaded from a TOML file (stdlib ``tomllib
 overrides. Its ``job_hash`` covers every field that changes the math or the measurement protocol, and never
 the backend or the world size: two runs with the same hash are comparable. This module never imports
 TensorFlow, so bad input is rejected before TF starts. Model and dataset names, and which job keys each one reads,
-come from the registries ``common.models.MODELS`` and ``common.datasets.DATASETS`` (both importable without TF).
+come from the registries ``common.workload.models.MODELS`` and ``common.workload.datasets.DATASETS`` (both importable
+without TF).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.datasets import DATASETS
-from common.models import MODELS
+from common.workload.datasets import DATASETS
+from common.workload.models import MODELS
 
 
 class JobError(ValueError):
@@ -42,11 +43,11 @@ class Job:
     # --- identity (not hashed: a label only) ---
     name: str = "unnamed"  # free label shown in reports; renaming a job keeps its hash
     # --- model ---
-    model: str = "mlp"  # a builtin of common.models.MODELS | any tf.keras.applications name (weights=None)
+    model: str = "mlp"  # a builtin of common.workload.models.MODELS | any tf.keras.applications name (weights=None)
     mlp_hidden: tuple[int, ...] = (128,)  # MLP hidden layer widths (only for model = "mlp")
     weight_decay: float = 0.0  # L2 factor on kernels; a regularisation loss, scaled per replica in both backends
     # --- data ---
-    dataset: str = "synthetic"  # a name of common.datasets.DATASETS (synthetic, mnist, cifar10...)
+    dataset: str = "synthetic"  # a name of common.workload.datasets.DATASETS (synthetic, mnist, cifar10...)
     data_dir: str = ""  # where the real dataset's files are; nothing is ever downloaded
     image_shape: tuple[int, ...] = (28, 28, 1)  # synthetic / image_folder input shape (H, W, C); others fix their own
     num_classes: int = 10  # synthetic / image_folder label count; others fix their own
@@ -143,7 +144,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(Job)}
 
 def _is_keras_app_name(name: str) -> bool:
     # keras.applications names start upper case (ResNet50, MobileNetV2, EfficientNetB0...); checked against
-    # the real module only once TensorFlow is loaded (common.models).
+    # the real module only once TensorFlow is loaded (common.workload.models).
     return bool(name) and name[0].isupper() and name.replace("_", "").isalnum()
 
 

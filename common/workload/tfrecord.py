@@ -15,15 +15,15 @@ from the page cache; from a cold local disk 70-85 us per record on one thread, 2
 ImageNet (more on Lustre/GPFS). So the result is cached: one ``.npz`` (10 MB for ImageNet, loaded in 0.1 s) per
 data directory in ``$TWINBENCH_CACHE/tfrecord-index/`` (default ``~/.cache/twinbench``), valid while every shard
 keeps its name, size and mtime; a changed shard is walked again, the others are reused. Ranks starting together
-on a fresh directory each walk it once; ``python -m common.tfrecord DATA_DIR`` builds the cache beforehand (e.g. on
-a login node) and prints the count.
+on a fresh directory each walk it once; ``python -m common.workload.tfrecord DATA_DIR`` builds the cache beforehand
+(e.g. on a login node) and prints the count.
 
 Reading in the exact global order costs one positioned read per record (``read_by_index``): only this rank's
 records are read, at 0.1-0.2 ms of CPU each here, next to about 1.2 ms to decode a 375x500 JPEG and resize it to
 224x224 (2 cores: 1430-1590 images/s in exact mode, 1790-1870 streaming whole shards in files mode).
 
-This module imports nothing of the project (``common.datasets`` wraps its ``FormatError`` into ``DataError``) and
-TensorFlow only inside the pipeline functions, which take the ``tf`` module as their first argument.
+This module imports nothing of the project (``common.workload.datasets`` wraps its ``FormatError`` into ``DataError``)
+and TensorFlow only inside the pipeline functions, which take the ``tf`` module as their first argument.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ FILES_READ_BUFFER = 8 << 20  # bytes per sequential read in files mode: large re
 
 
 class FormatError(ValueError):
-    """Shards missing, misnamed or corrupt; the message is one line (``common.datasets`` prefixes ``tfrecord:``)."""
+    """Shards missing, misnamed or corrupt; the message is one line (``common.workload.datasets`` prefixes
+    ``tfrecord:``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -312,12 +313,12 @@ def decoder(tf: Any, shape: tuple[int, int, int], num_classes: int, label_offset
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# python -m common.tfrecord DATA_DIR: build (or check) the cached index once, e.g. on a login node
+# python -m common.workload.tfrecord DATA_DIR: build (or check) the cached index once, e.g. on a login node
 # ----------------------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m common.tfrecord DATA_DIR  (index ImageNet-style train-*-of-* TFRecord shards)",
+        print("usage: python -m common.workload.tfrecord DATA_DIR  (index ImageNet-style train-*-of-* TFRecord shards)",
               file=sys.stderr)
         return 2
     t0 = time.perf_counter()

@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import Backend
-from common import data as data_mod
-from common import machine
-from common import results as res
-from common.errors import UsageError
-from common.job import Job
-from common.loops import Plan
-from common.objective import lr_at_step, replica_objective
-from common.results import BREAKDOWN_PHASES, BreakdownRecord
-from common.runconfig import RunOptions
+from common.cluster import machine
+from common.core import results as res
+from common.core.errors import UsageError
+from common.core.results import BREAKDOWN_PHASES, BreakdownRecord
+from common.training.loops import Plan
+from common.training.objective import lr_at_step, replica_objective
+from common.training.runconfig import RunOptions
+from common.workload import data as data_mod
+from common.workload.job import Job
 
 STAMPS = 5  # t0..t4 per step
 METHOD = ("phases serialized inside one tf.function per step, tf.timestamp() at each boundary; no overlap of "
@@ -98,7 +98,7 @@ def describe_line(rec: BreakdownRecord) -> str:
 # -- the diagnostic run -----------------------------------------------------------------------------------------
 def run_breakdown(job: Job, backend: Backend, opts: RunOptions) -> BreakdownRecord | None:
     """Train ``job`` with its step split into timed phases; the chief writes (and returns) the record."""
-    from common import train
+    from common.training import train
 
     problem = backend.breakdown_problem()
     if problem:
@@ -125,7 +125,7 @@ def run_breakdown(job: Job, backend: Backend, opts: RunOptions) -> BreakdownReco
 
 
 def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any) -> BreakdownRecord | None:
-    from common import train
+    from common.training import train
 
     built = train.build(job, backend, plan)
     dataset = backend.make_dataset(
@@ -234,7 +234,7 @@ def _make_step(job: Job, backend: Backend, model: Any, optimizer: Any, plan: Pla
 
 
 def _forward(job: Job, model: Any, plan: Plan) -> Any:
-    """The custom loop's objective (common.objective), jit-compiled with ``xla`` as in the custom loop."""
+    """The custom loop's objective (common.training.objective), jit-compiled with ``xla`` as in the custom loop."""
     import tensorflow as tf
 
     forward = replica_objective(job, model, plan.global_batch, plan.replicas)

@@ -1,5 +1,6 @@
 """A raw point-to-point probe between two ranks, run by twinbench itself: what one TCP stream moves between the
-chief's host and another host, the yardstick for the allreduce microbenchmark's bus bandwidth (``common.bench``).
+chief's host and another host, the yardstick for the allreduce microbenchmark's bus bandwidth
+(``common.diagnostics.allreduce``).
 
 The chief sends for ``PROBE_SECONDS`` to the first rank on another host (rank 1 when every rank shares one host),
 at that rank's address on ``--iface`` (else its host name): the path the collectives take. The receiver counts the
@@ -14,8 +15,8 @@ import time
 from typing import Any
 
 from backends.base import Backend, size_text
-from common import netif
-from common import results as res
+from common.cluster import netif
+from common.core import results as res
 
 PROBE_SECONDS = 1.0  # s of sending: far above a TCP ramp-up on a LAN, short next to a benchmark
 CHUNK = 1 << 20  # bytes per send/recv call

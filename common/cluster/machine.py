@@ -275,7 +275,7 @@ def network_facts(iface: str | None, sysfs: str = SYSFS) -> dict[str, Any]:
     """The data interface (the run's --iface, else the one holding the address this host name resolves to), its
     link speed and the host's RDMA devices."""
     if not iface:
-        from common import netif
+        from common.cluster import netif
 
         iface = netif.own_endpoint(None)["interface"]
     return {"interface": iface, "link_speed_mbps": link_speed(iface, sysfs), "rdma_devices": rdma_devices(sysfs)}

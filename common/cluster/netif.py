@@ -20,7 +20,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from common.errors import UsageError
+from common.core.errors import UsageError
 
 ENV = "TWINBENCH_IFACE"  # the default for --iface, and how a launcher hands the choice to the ranks it starts
 SIOCGIFADDR = 0x8915  # Linux ioctls: an interface's IPv4 address and netmask
