@@ -6,7 +6,7 @@ dependencies, with a ``tf.timestamp()`` at every boundary:
 
     t0  function start             -> next(iterator)                       -> t1  the batch is there
     t1  forward + backward, this replica's own gradients (no reduction)  -> t2
-    t2  SUM all-reduce of the gradients (Backend.allreduce_gradients)      -> t3  (includes waiting for the slowest)
+    t2  SUM all-reduce of the gradients (StepPhases.allreduce_gradients)   -> t3  (includes waiting for the slowest)
     t3  optimizer.apply_gradients(..., experimental_aggregate_gradients=False) -> t4
 
 ``rest`` = t0 of this step - t4 of the previous one: everything between two steps' device work (the function's
