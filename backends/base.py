@@ -140,20 +140,22 @@ def tuning_record(knobs: list[Knob], env: dict[str, str]) -> dict[str, Any]:
 class Capabilities:
     """What shared code asks of a set-up backend, typed: the loop, the checkpoint, the record and the report read
     these fields, never keys of ``describe()``. The record keeps them as ``RunRecord.capabilities`` (``record()``;
-    ``collective`` and ``knobs`` have record fields of their own: ``collective`` and ``tuning``)."""
+    ``collective`` and ``knobs`` have record fields of their own: ``collective`` and ``tuning``).
+
+    ``input_path``: "per-worker" = this process's own tf.data iterator, its tensors passed straight to the step;
+    "distributed" = tf.distribute's distributed input; a backend feeding otherwise names its path. ``variant``: a
+    non-default way of training that changes the math or the schedule (native: a --strategy other than mwms),
+    or None; a variant gets report rows of its own and is part of the checkpoint's name.
+    """
 
     collective: Collective  # what carried the gradient all-reduce
     controller: str | None = None  # what coordinates the ranks besides the collectives (Horovod: gloo | mpi)
     compression: str = "none"  # gradient values on the wire: "none" (float32) or "fp16"
-    input_path: str = "per-worker"  # how make_dataset feeds the steps (the record's input.path), see below
-    variant: str | None = None  # a non-default way of training that changes the math or the schedule (native:
-    # a --strategy other than mwms), or None: own report rows, and part of the checkpoint's name
+    input_path: str = "per-worker"  # how make_dataset feeds the steps (the record's input.path)
+    variant: str | None = None  # None: the backend's default way of training
     asynchronous: bool = False  # ranks update the variables without waiting for each other: in no parity claim
     every_rank_writes_checkpoint: bool = True  # False: only the chief writes (the others get its state on restore)
     knobs: tuple[Knob, ...] = ()  # tuning knobs in effect, defaults included as their values
-
-    # input_path: "per-worker" = this process's own tf.data iterator, its tensors passed straight to the step;
-    # "distributed" = tf.distribute's distributed input; a backend feeding otherwise names its path.
 
     def __post_init__(self) -> None:
         if self.compression not in COMPRESSION_BYTES:
