@@ -362,7 +362,7 @@ class BackendSpec(Protocol):
         """Can it run here, with what, and what is missing."""
 
     def main(self, argv: list[str] | None = None) -> int:
-        """``backends.entrypoint.run_main(this module, argv)``."""
+        """``backends.entrypoint.run_main(PROG, T0, parser, make_backend, argv)``."""
 
 
 # -- helpers both backends use ----------------------------------------------------------------------------

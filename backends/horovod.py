@@ -328,7 +328,7 @@ def make_backend(args: argparse.Namespace, argv: list[str], job: Any) -> Horovod
 
 
 def main(argv: list[str] | None = None) -> int:
-    return entrypoint.run_main(sys.modules[__name__], argv)
+    return entrypoint.run_main(PROG, T0, parser, make_backend, argv)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ class ToyBackend(base.Backend):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return entrypoint.run_main(sys.modules[__name__], argv)
+    return entrypoint.run_main(PROG, T0, parser, make_backend, argv)
 
 
 if __name__ == "__main__":
