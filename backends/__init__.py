@@ -1,10 +1,12 @@
 """Backends: how a job is distributed. ``REGISTRY`` is the only list of backends in the project.
 
 It is lazy (importing this package imports no backend module, no TensorFlow and no Horovod), so the report, the
-sweep and the doctor can iterate it cheaply and a native run never imports Horovod. Each backend module defines a
-``Backend`` subclass (the contract in ``backends.base``), an ``Options`` dataclass, ``parser()``, ``main()`` and
-``local_command(n, args)``: how to start ``n`` ranks on this host. Run them as modules (``python -m
-backends.native``), never by path: ``backends/horovod.py`` would shadow the real ``horovod`` package.
+sweep and the doctor can iterate it cheaply and a native run never imports Horovod. Each backend module is a
+``backends.base.BackendSpec`` (``PROG``, ``T0``, a frozen ``Options`` dataclass whose defaults are the flags',
+``parser()``, ``make_backend()``, ``local_command(n, args)``: how to start ``n`` ranks on this host, ``doctor()``,
+and ``main()``, a call of ``backends.entrypoint.run_main``) with one ``Backend`` subclass (the contract in
+``backends.base``). Run them as modules (``python -m backends.native``), never by path: ``backends/horovod.py``
+would shadow the real ``horovod`` package.
 
 Adding a backend: a module ``backends/NAME.py`` and one entry below (see docs/architecture.md).
 """

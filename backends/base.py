@@ -1,20 +1,29 @@
-"""The one contract both backends implement; everything else (data, model, loop, measurement) is shared.
+"""The contract every backend implements; everything else (data, model, loop, measurement) is shared.
 
-``common.training.train`` calls, in this order: ``setup`` (communication + device pinning, before any other TensorFlow
-op; returns the rank's frozen ``RankInfo``), ``scope`` (variable creation), ``wrap_optimizer``, ``restore`` (when
-resuming), ``make_dataset``, ``before_training``, then per mode ``fit_callbacks`` / ``fit_warmup`` or
-``run`` / ``wrap_tape``, and at the end ``sync_model_state`` and ``allgather``. What shared code needs to know of a
-backend is a declared member here (``info``, ``gradient_bytes``, ``fit_warmup``), never a key of ``describe()``.
+``Backend`` is the per-rank half, thirteen groups: ``setup`` (communication and device pinning before any other
+TensorFlow op, returning the rank's frozen ``RankInfo``), ``capabilities`` (the typed record of what shared code
+asks: collective, compression, controller, input path, variant, knobs...), ``describe`` (free-form provenance,
+only displayed), ``scope``, ``make_dataset``, ``wrap_optimizer``, ``fit_callbacks``, the step (``run`` +
+``wrap_tape``), the collectives (``allsum``, ``allgather``, ``allreduce_fn``, ``barrier``), the ``Lifecycle`` hooks
+(``before_training``, ``after_first_step``, ``sync_model_state``, ``restore``, ``exit_barrier``, ``shutdown``),
+``train_loop`` (a loop of the backend's own, or None), ``phases`` (the step split for ``--diagnose breakdown``, or
+why not) and the timeline (``start_timeline``/``stop_timeline``). Seven are abstract; the others default to what
+a one-process backend without a collective library of its own would do. ``BackendSpec`` is the module-level half
+(``PROG``, ``Options``, ``parser``, ``make_backend``, ``local_command``, ``doctor``, ``main``).
+
+Shared code reads ``Capabilities`` fields, never keys of ``describe()``, and never asks which backend it runs:
+what only one backend means (native's parameter servers, its profiler warning) stays in that backend's module.
 """
 
 from __future__ import annotations
 
 import abc
+import argparse
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,12 @@ class BaseOptions:
 
     threads: int = 0  # intra-op threads per process; 0 = cores / processes on this host
     cpu_bind: str = "none"  # none: as launched; cores: local ranks a launcher left unbound take disjoint CPU shares
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Self:
+        """The options a parsed command line gives: each field from the flag of its name (argparse's ``dest``).
+        The flags' defaults are the fields' (``common.cli.with_defaults``): one place for each default."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -121,7 +136,108 @@ def tuning_record(knobs: list[Knob], env: dict[str, str]) -> dict[str, Any]:
     }
 
 
-class Backend(abc.ABC):
+@dataclass(frozen=True)
+class Capabilities:
+    """What shared code asks of a set-up backend, typed: the loop, the checkpoint, the record and the report read
+    these fields, never keys of ``describe()``. The record keeps them as ``RunRecord.capabilities`` (``record()``;
+    ``collective`` and ``knobs`` have record fields of their own: ``collective`` and ``tuning``).
+
+    ``input_path``: "per-worker" = this process's own tf.data iterator, its tensors passed straight to the step;
+    "distributed" = tf.distribute's distributed input; a backend feeding otherwise names its path. ``variant``: a
+    non-default way of training that changes the math or the schedule (native: a --strategy other than mwms),
+    or None; a variant gets report rows of its own and is part of the checkpoint's name.
+    """
+
+    collective: Collective  # what carried the gradient all-reduce
+    controller: str | None = None  # what coordinates the ranks besides the collectives (Horovod: gloo | mpi)
+    compression: str = "none"  # gradient values on the wire: "none" (float32) or "fp16"
+    input_path: str = "per-worker"  # how make_dataset feeds the steps (the record's input.path)
+    variant: str | None = None  # None: the backend's default way of training
+    asynchronous: bool = False  # ranks update the variables without waiting for each other: in no parity claim
+    every_rank_writes_checkpoint: bool = True  # False: only the chief writes (the others get its state on restore)
+    knobs: tuple[Knob, ...] = ()  # tuning knobs in effect, defaults included as their values
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSION_BYTES:
+            raise ValueError(f"compression {self.compression!r}: use one of {', '.join(COMPRESSION_BYTES)}")
+
+    def gradient_bytes(self, trainable_params: int) -> int:
+        """Bytes one replica puts into the gradient allreduce per step (the scaling model's S)."""
+        return trainable_params * COMPRESSION_BYTES[self.compression]
+
+    def record(self) -> dict[str, Any]:
+        """The record's ``capabilities`` block: every field but ``collective`` and ``knobs``."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("collective", "knobs")}
+
+
+COMPRESSION_BYTES = {"none": 4, "fp16": 2}  # bytes per gradient value on the wire
+
+
+def local_gradients(tape: Any, target: Any, variables: list[Any]) -> list[Any]:
+    """This replica's gradients, not reduced across replicas (in the replica function, no collective)."""
+    return tape.gradient(target, variables)
+
+
+def apply_local(optimizer: Any, grads_and_vars: list[tuple[Any, Any]]) -> Any:
+    """Apply gradients that are already reduced, without reducing them again; returns the update op."""
+    return optimizer.apply_gradients(grads_and_vars, experimental_aggregate_gradients=False)
+
+
+@dataclass(frozen=True)
+class StepPhases:
+    """The custom-loop step split at the collective, same math (``--diagnose breakdown``,
+    ``common.diagnostics.breakdown``).
+
+    ``allreduce_gradients(grads)``: SUM over all replicas, the reduction training applies (in the replica
+    function; a collective: every replica calls it at the same step). The other two phases rarely differ.
+    """
+
+    allreduce_gradients: Callable[[list[Any]], list[Any]]
+    local_gradients: Callable[[Any, Any, list[Any]], list[Any]] = local_gradients
+    apply_local: Callable[[Any, list[tuple[Any, Any]]], Any] = apply_local
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """A fit run's LR warm-up, offered to ``Backend.fit_callbacks`` only for a run starting at step 0 (a backend's
+    own callback counts Keras epochs from 0)."""
+
+    epochs: int
+    steps_per_epoch: int
+    learning_rate: float
+
+
+TrainLoop = Callable[..., None]  # (job, backend, model, optimizer, dataset, hooks, plan, verbose), as loops.run_ctl
+
+
+class Lifecycle:
+    """The contract's hooks with a default: one-time synchronisation and the end of a run (no-ops here)."""
+
+    def before_training(self, model: Any) -> None:
+        """Synchronise the freshly built model (before the first step)."""
+
+    def after_first_step(self, model: Any, optimizer: Any) -> None:
+        """One-time synchronisation that needs the optimizer's slots to exist."""
+
+    def sync_model_state(self, model: Any) -> None:
+        """Make non-trainable state (BatchNorm moving statistics) what MWMS reads: the mean over replicas.
+        A collective: all ranks call it, after the last step and before checkpointing or digesting weights."""
+
+    def restore(self, ckpt: Any, path: str, model: Any, optimizer: Any) -> None:
+        """Load a checkpoint written by ``common.training.train`` into the (already built) model and optimizer."""
+        ckpt.read(path).assert_existing_objects_matched()
+
+    def exit_barrier(self) -> None:
+        """Return once every rank is past its last collective, so that exiting cannot break a peer's. Called after
+        the last collective on every exit path; errors are not failures (the work is done)."""
+
+    def shutdown(self) -> None:
+        """Release communication resources before exit (after ``exit_barrier``)."""
+
+
+class Backend(Lifecycle, abc.ABC):
+    """The contract: abstract members first (what a backend must say), then the ones with a default."""
+
     name: ClassVar[str] = "?"
     _info: RankInfo | None = None
 
@@ -134,13 +250,79 @@ class Backend(abc.ABC):
     def _connect(self) -> RankInfo:
         """The backend's own set-up; see ``setup``."""
 
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What shared code asks of this backend as set up (after ``setup``)."""
+
+    @abc.abstractmethod
+    def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
+        """Per-rank input: ``dataset_fn(pipeline_index, num_pipelines, replicas_per_pipeline)``."""
+
+    @abc.abstractmethod
+    def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
+        """Run one replica step on every local replica; returns this process's per-replica losses (list)."""
+
+    # -- collectives: every rank must call them, at the same step ---------------------------------------------
+    @abc.abstractmethod
+    def allsum(self, values: list[float]) -> list[float]:
+        """Element-wise float64 SUM over workers, one contribution per worker (the preemption agreement)."""
+
+    @abc.abstractmethod
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's JSON-serialisable ``obj``, in rank order, on every rank."""
+
+    @abc.abstractmethod
+    def allreduce_fn(self) -> Any:
+        """A callable: float32 tensor -> SUM over all replicas (this process's copy), as gradients are reduced."""
+
+    def barrier(self) -> None:
+        self.allgather(None)
+
+    # -- with a default -------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Free-form provenance for the record's ``backend_info``: the report displays it, never branches on it."""
+        return {"device": self.info.device, "threads_per_process": self.info.threads}
+
+    def scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Where the model and optimizer are created."""
+        return contextlib.nullcontext()
+
+    def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
+        """The optimizer as the backend reduces gradients in ``mode`` (fit: Keras calls apply_gradients)."""
+        return optimizer
+
+    def wrap_tape(self, tape: Any) -> Any:
+        """The gradient tape of the custom loop's step, reducing as the backend does."""
+        return tape
+
+    def fit_callbacks(self, warmup: Warmup | None) -> tuple[list[Any], bool]:
+        """Keras fit callbacks (state broadcast, metric averaging), and whether they include the backend's own LR
+        warm-up for ``warmup`` (False: twinbench adds its re-implementation of the rule)."""
+        return [], False
+
+    def train_loop(self) -> TrainLoop | None:
+        """A loop of the backend's own instead of the shared fit and custom loops (native: parameter servers)."""
+        return None
+
+    def phases(self) -> StepPhases | str:
+        """The step split into phases for ``--diagnose breakdown``, or one line why this backend cannot."""
+        return f"the {self.name} backend does not split its step into phases"
+
+    def start_timeline(self, path: str) -> bool:
+        """Called on every rank as the profiler trace starts: start the backend's own collective timeline into
+        ``path`` (Horovod's); True when this rank writes it. Default: none."""
+        return False
+
+    def stop_timeline(self) -> None:
+        """Stop what ``start_timeline`` started (files flushed before this returns)."""
+
+    # -- derived: RankInfo once set up ----------------------------------------------------------------------
     @property
     def info(self) -> RankInfo:
         if self._info is None:
             raise RuntimeError(f"{self.name} backend used before setup()")
         return self._info
 
-    # Shortcuts for the fields shared code reads most.
     @property
     def rank(self) -> int:
         return self.info.rank
@@ -157,149 +339,31 @@ class Backend(abc.ABC):
     def is_chief(self) -> bool:
         return self.info.is_chief
 
-    @abc.abstractmethod
-    def describe(self) -> dict[str, Any]:
-        """What the results JSON records about the backend (strategy, collectives or controller, threads...)."""
 
-    def collective(self) -> Collective:
-        """The collective implementation requested and used (after ``setup``)."""
-        return Collective("auto", "n/a", "no collective")
+@runtime_checkable
+class BackendSpec(Protocol):
+    """The module-level half of a backend (``backends/NAME.py``), what code that never builds a ``Backend`` calls:
+    the registry's users (report, sweep, doctor, demo) and ``backends.entrypoint.run_main``."""
 
-    def knobs(self) -> list[Knob]:
-        """The backend's tuning knobs in effect (after ``setup``), defaults included as their values."""
-        return []
+    PROG: str  # the module: python -m PROG
+    T0: float  # time.time() first thing in the module: the process start, for time-to-first-step
+    Options: type[BaseOptions]  # frozen; its fields' defaults are the flags' defaults
 
-    def gradient_bytes(self, trainable_params: int) -> int:
-        """Bytes one replica puts into the gradient allreduce per step (float32; a backend compressing says so)."""
-        return trainable_params * 4
+    def parser(self) -> argparse.ArgumentParser:
+        """Every flag (start from ``common.cli.base_parser``; bad flags: one line, exit 2)."""
 
-    def scope(self) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext()
+    def make_backend(self, args: argparse.Namespace, argv: list[str], job: Any) -> Backend | int:
+        """The backend to set up for a parsed command line, or the exit status of a launcher that ran the ranks
+        instead (native ``--nproc``); ``UsageError``: one line, exit 2."""
 
-    @abc.abstractmethod
-    def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
-        """Per-rank input: ``dataset_fn(pipeline_index, num_pipelines, replicas_per_pipeline)``."""
+    def local_command(self, n: int, args: list[str], python: str = ...) -> list[str]:
+        """The command that runs ``n`` ranks of this backend on this host."""
 
-    @property
-    def input_path(self) -> str:
-        """How ``make_dataset`` feeds the steps (the record's ``input.path``): "per-worker" = this process's own
-        tf.data iterator, its tensors passed straight to the step; a backend feeding otherwise names its path."""
-        return "per-worker"
+    def doctor(self, tf_version: str | None) -> Diagnosis:
+        """Can it run here, with what, and what is missing."""
 
-    def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
-        return optimizer
-
-    def fit_callbacks(self) -> list[Any]:
-        """Backend callbacks for Keras fit (state broadcast, metric averaging)."""
-        return []
-
-    def fit_warmup(self, warmup_epochs: int, steps_per_epoch: int, learning_rate: float) -> Any | None:
-        """The backend's own LR warm-up callback for a run starting at step 0, or None: then twinbench's is used."""
-        return None
-
-    def wrap_tape(self, tape: Any) -> Any:
-        return tape
-
-    @abc.abstractmethod
-    def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
-        """Run one replica step on every local replica; returns this process's per-replica losses (list)."""
-
-    def after_first_step(self, model: Any, optimizer: Any) -> None:
-        """Hook for one-time synchronisation that needs optimizer slots to exist."""
-        return None
-
-    def before_training(self, model: Any) -> None:
-        """Hook for one-time synchronisation of the freshly built model."""
-        return None
-
-    @abc.abstractmethod
-    def allsum(self, values: list[float]) -> list[float]:
-        """Element-wise float64 SUM over workers, one contribution per worker (a collective: all must call, at the
-        same step). Used for the preemption agreement, which also carries each rank's step time."""
-
-    @property
-    def variant(self) -> str | None:
-        """A non-default variant of this backend that changes the math or the schedule (native: a --strategy other
-        than mwms), or None. Part of the checkpoint's name, so one variant never resumes another's checkpoint."""
-        return None
-
-    @property
-    def uses_coordinator(self) -> bool:
-        """Are the steps scheduled by a ClusterCoordinator (parameter-server training, ``common.ps_loop``)? Then
-        only this process (the chief) trains, asynchronously, and its collectives involve no other rank."""
-        return False
-
-    @property
-    def writes_checkpoint(self) -> bool:
-        """Does this rank take part in writing a checkpoint (see ``common.training.train``)."""
-        return True
-
-    def restore(self, ckpt: Any, path: str, model: Any, optimizer: Any) -> None:
-        """Load a checkpoint written by ``common.training.train`` into the (already built) model and optimizer."""
-        ckpt.read(path).assert_existing_objects_matched()
-
-    @abc.abstractmethod
-    def allreduce_fn(self) -> Any:
-        """A callable: float32 tensor -> SUM over all replicas (this process's copy), as gradients are reduced."""
-
-    @abc.abstractmethod
-    def allgather(self, obj: Any) -> list[Any]:
-        """Every rank's JSON-serialisable ``obj``, in rank order, on every rank (a collective: all must call)."""
-
-    def barrier(self) -> None:
-        self.allgather(None)
-
-    # -- the custom-loop step split into phases (``--diagnose breakdown``, ``common.diagnostics.breakdown``)
-    # ---------------
-    def start_timeline(self, path: str) -> bool:
-        """Start the backend's own collective timeline into ``path`` (Horovod's); True when this rank writes it.
-        Default: the backend has none (tf.distribute's collectives show in the TensorFlow profiler trace)."""
-        return False
-
-    @property
-    def profiler_caveat(self) -> str | None:
-        """What a user profiling this backend should know (printed once by the chief under --profile-steps)."""
-        return None
-
-    def stop_timeline(self) -> None:
-        """Stop the timeline ``start_timeline`` started (files flushed before this returns)."""
-        return None  # no timeline of its own: nothing to stop
-
-    def breakdown_problem(self) -> str | None:
-        """Why this backend, as set up, cannot split its step into phases (one line), or None when it can."""
-        return f"the {self.name} backend does not split its step into phases"
-
-    def local_gradients(self, tape: Any, target: Any, variables: list[Any]) -> list[Any]:
-        """This replica's gradients, not reduced across replicas (in the replica function, no collective)."""
-        return tape.gradient(target, variables)
-
-    def allreduce_gradients(self, grads: list[Any]) -> list[Any]:
-        """SUM over all replicas of ``grads``, the reduction training applies (in the replica function; a
-        collective: every replica calls it at the same step)."""
-        raise NotImplementedError(self.breakdown_problem() or f"{self.name}: no allreduce_gradients")
-
-    def apply_local(self, optimizer: Any, grads_and_vars: list[tuple[Any, Any]]) -> Any:
-        """Apply gradients that are already reduced, without reducing them again; returns the update op."""
-        return optimizer.apply_gradients(grads_and_vars, experimental_aggregate_gradients=False)
-
-    def sync_model_state(self, model: Any) -> None:
-        """Make non-trainable state (BatchNorm moving statistics) what MWMS reads: the mean over replicas.
-
-        A collective: all ranks call it, after the last step and before checkpointing or digesting weights.
-        """
-        return None
-
-    def exit_barrier(self) -> None:
-        """Return once every rank is past its last collective, so that exiting cannot break a peer's (no-op here).
-
-        Called after the last collective on every exit path (done, preempted); errors are not failures: the
-        work is finished, only the courtesy to peers is at stake.
-        """
-        return None
-
-    def shutdown(self) -> None:
-        """Release communication resources before exit (after ``exit_barrier``)."""
-        return None
+    def main(self, argv: list[str] | None = None) -> int:
+        """``backends.entrypoint.run_main(PROG, T0, parser, make_backend, argv)``."""
 
 
 # -- helpers both backends use ----------------------------------------------------------------------------

@@ -17,19 +17,22 @@ from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from backends import entrypoint  # noqa: E402
 from backends import horovod_knobs as knobs_mod  # noqa: E402
 from backends.base import (  # noqa: E402
     Backend,
     BaseOptions,
+    Capabilities,
     Collective,
     Diagnosis,
-    Knob,
     RankInfo,
+    StepPhases,
+    Warmup,
     configure_threads,
     pin_one_gpu,
 )
-from common import cli, runner  # noqa: E402
-from common.core.errors import UsageError, fail  # noqa: E402
+from common import cli  # noqa: E402
+from common.core.errors import UsageError  # noqa: E402
 
 PROG = "backends.horovod"
 
@@ -64,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to float16 for the allreduce (default off: exact parity with native)")
     knobs_mod.add_arguments(p)
-    return p
+    return cli.with_defaults(p, Options)
 
 
 def local_command(n: int, args: list[str], python: str = sys.executable) -> list[str]:
@@ -147,10 +150,19 @@ class HorovodBackend(Backend):
                         local_size=hvd.local_size(), replicas_per_worker=1, device=pin.label(), threads=threads,
                         cpus=tuple(cpus), cpu_bind=bound)
 
+    def _controller(self) -> str:
+        return "gloo" if self.hvd.gloo_enabled() else ("mpi" if self.hvd.mpi_enabled() else "?")
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            collective=self._collective(), controller=self._controller(), knobs=tuple(knobs_mod.knobs(self.knob_env)),
+            compression="fp16" if self.opts.fp16_allreduce else "none",  # Horovod compresses before the allreduce
+            every_rank_writes_checkpoint=False)  # rank 0 writes; the others get its state by broadcast on restore
+
     def describe(self) -> dict[str, Any]:
         hvd = self.hvd
         return {
-            "controller": "gloo" if hvd.gloo_enabled() else ("mpi" if hvd.mpi_enabled() else "?"),
+            "controller": self._controller(),
             "local_size": hvd.local_size(),  # Horovod's own view of the placement (the record's topology agrees)
             "cross_size": hvd.cross_size(),
             "built": {"gloo": hvd.gloo_built(), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())},
@@ -161,10 +173,7 @@ class HorovodBackend(Backend):
             "hierarchical_allreduce_applies": self._hierarchical_applies(),
         }
 
-    def knobs(self) -> list[Knob]:
-        return knobs_mod.knobs(self.knob_env)
-
-    def collective(self) -> Collective:
+    def _collective(self) -> Collective:
         """What carried the gradients: Horovod builds its op lists in this order and runs the first enabled one
         (operations.cc CreateOperationManager, 0.28.1): NCCL for GPU tensors when built with it, then Gloo's CPU ops
         when its Gloo context is on (controller gloo or HOROVOD_CPU_OPERATIONS=gloo: horovodrun --gloo sets both),
@@ -197,10 +206,6 @@ class HorovodBackend(Backend):
                   "with NCCL GPU allreduce: it is off in this run (the record still says it was asked for)",
                   file=sys.stderr, flush=True)
 
-    def gradient_bytes(self, trainable_params: int) -> int:
-        # float16 on the wire with --fp16-allreduce (Horovod compresses before the allreduce)
-        return trainable_params * (2 if self.opts.fp16_allreduce else 4)
-
     def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
         return dataset_fn(self.rank, self.num_workers, 1)
 
@@ -210,7 +215,7 @@ class HorovodBackend(Backend):
             return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
         return optimizer
 
-    def fit_callbacks(self) -> list[Any]:
+    def fit_callbacks(self, warmup: Warmup | None) -> tuple[list[Any], bool]:
         hvd, tf = self.hvd, self.tf
         backend = self
 
@@ -228,14 +233,13 @@ class HorovodBackend(Backend):
                     backend.after_first_step(self.model, self.model.optimizer)
                     self.done = True
 
-        return self._keras_callbacks([BroadcastOptimizerState(), hvd.callbacks.MetricAverageCallback()])
-
-    def fit_warmup(self, warmup_epochs: int, steps_per_epoch: int, learning_rate: float) -> Any | None:
-        # Horovod's own rule, in Horovod fit (twinbench re-implements it for the native backend and the custom loop)
-        warm = self.hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=learning_rate, warmup_epochs=warmup_epochs, momentum_correction=False,
-            steps_per_epoch=steps_per_epoch, verbose=0)
-        return self._keras_callbacks([warm])[0]
+        cbs = [BroadcastOptimizerState(), hvd.callbacks.MetricAverageCallback()]
+        if warmup is not None:
+            # Horovod's own rule, in Horovod fit (twinbench re-implements it for native and the custom loop)
+            cbs.append(hvd.callbacks.LearningRateWarmupCallback(
+                initial_lr=warmup.learning_rate, warmup_epochs=warmup.epochs, momentum_correction=False,
+                steps_per_epoch=warmup.steps_per_epoch, verbose=0))
+        return self._keras_callbacks(cbs), warmup is not None
 
     def _keras_callbacks(self, cbs: list[Any]) -> list[Any]:
         for cb in cbs:
@@ -252,10 +256,10 @@ class HorovodBackend(Backend):
     def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         return [step_fn(*batch)]
 
-    def breakdown_problem(self) -> str | None:
-        return None
+    def phases(self) -> StepPhases | str:
+        return StepPhases(self._allreduce_gradients)
 
-    def allreduce_gradients(self, grads: list[Any]) -> list[Any]:
+    def _allreduce_gradients(self, grads: list[Any]) -> list[Any]:
         # What wrap_tape's DistributedGradientTape does: one allreduce per gradient (Horovod fuses them), op=Sum,
         # the same compression, and nothing at all in a world of one (its tf.cond on size() > 1).
         if self.num_workers == 1:
@@ -282,10 +286,6 @@ class HorovodBackend(Backend):
         averaged = self.htf.grouped_allreduce([v.value() for v in state], op=self.htf.Average)
         for v, a in zip(state, averaged):
             v.assign(a)
-
-    @property
-    def writes_checkpoint(self) -> bool:
-        return self.is_chief  # rank 0 writes; the others get its state by broadcast on restore
 
     def restore(self, ckpt: Any, path: str, model: Any, optimizer: Any) -> None:
         if self.rank == 0:
@@ -323,17 +323,12 @@ class HorovodBackend(Backend):
         self.hvd.shutdown()
 
 
+def make_backend(args: argparse.Namespace, argv: list[str], job: Any) -> HorovodBackend:
+    return HorovodBackend(Options.from_args(args))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    cli.legacy_keras()
-    cli.unset_proxies()
-    job, run_opts = cli.prepare(PROG, args, T0)
-    backend = HorovodBackend(Options.from_args(args))
-    try:
-        backend.setup()
-    except UsageError as e:
-        fail(PROG, str(e))
-    return runner.run(PROG, backend, job, run_opts)
+    return entrypoint.run_main(PROG, T0, parser, make_backend, argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Cluster discovery (``backends.native_cluster``), in order: ``TF_CONFIG`` if set;
 when the step has more than one task; otherwise a single worker. ``--nproc N`` starts N local workers with a
 generated ``TF_CONFIG`` on free loopback ports (like ``torchrun --standalone``); with ``--strategy parameter_server
 --ps P`` it starts a chief, N workers and P parameter servers instead. In parameter-server training only the chief
-trains (``common.ps_loop``); workers and parameter servers run TensorFlow servers until the chief has gone.
+trains (``backends.native_ps``, the loop ``NativeBackend.train_loop`` supplies); workers and parameter servers run
+TensorFlow servers until the chief has gone.
 """
 
 from __future__ import annotations
@@ -21,22 +22,25 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, replace  # noqa: E402
 from typing import Any  # noqa: E402
 
-from backends import native_cluster  # noqa: E402
+from backends import entrypoint, native_cluster  # noqa: E402
 from backends.base import (  # noqa: E402
     Backend,
     BaseOptions,
+    Capabilities,
     Collective,
     Diagnosis,
     Knob,
     Pinning,
     RankInfo,
+    StepPhases,
+    TrainLoop,
     configure_threads,
     pin_one_gpu,
     size_text,
 )
 from backends.native_input import per_worker_dataset, worker_slots  # noqa: E402
-from common import cli, runner  # noqa: E402
-from common.core.errors import UsageError, fail  # noqa: E402
+from common import cli  # noqa: E402
+from common.core.errors import UsageError  # noqa: E402
 
 PROG = "backends.native"
 STRATEGIES = ("mwms", "mirrored", "one_device", "central_storage", "parameter_server")
@@ -58,43 +62,50 @@ class Options(BaseOptions):
     logical_cpus: int = 0  # split the CPU into N logical devices (CPU testing of mirrored, central_storage); 0 = off
     ps: int = 0  # parameter servers (parameter_server only: local launcher, or how many srun tasks); 0 = none
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Options:
-        return cls(threads=args.threads, cpu_bind=args.cpu_bind, strategy=args.strategy, comm=args.comm,
-                   bytes_per_pack=args.bytes_per_pack, comm_timeout=args.comm_timeout, port_base=args.port_base,
-                   gpus_per_node=args.gpus_per_node, logical_cpus=args.logical_cpus,
-                   ps=args.ps)
+
+class Parser(cli.OneLineParser):
+    """Refuses bad CommunicationOptions values while parsing (one line, exit 2), before the job is read, and alike
+    for whoever parses a native command line (this entry point, the sweep's --variant check)."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        ns, rest = super().parse_known_args(args, namespace)
+        if ns.bytes_per_pack < 0:
+            self.error(f"--bytes-per-pack must be >= 0 (0 = one pack), got {ns.bytes_per_pack}")
+        if not ns.comm_timeout >= 0:
+            self.error(f"--comm-timeout must be >= 0 seconds (0 = none), got {ns.comm_timeout}")
+        return ns, rest
 
 
 def parser() -> argparse.ArgumentParser:
-    p = cli.base_parser(PROG, "Run a twinbench job with native tf.distribute.")
+    """The flags; their defaults are ``Options``' (``cli.with_defaults``), but for --nproc, a launcher's flag."""
+    p = cli.base_parser(PROG, "Run a twinbench job with native tf.distribute.", Parser)
     p.add_argument("--nproc", type=int, default=1,
                    help="start N local workers on loopback with a generated TF_CONFIG (default 1 = this process)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="mwms",
+    p.add_argument("--strategy", choices=STRATEGIES,
                    help="mwms = MultiWorkerMirrored, one worker per device (default); mirrored = one process, "
                         "all local devices; one_device = the 1-GPU baseline; central_storage = one process, "
                         "variables on the CPU, compute on all local devices; parameter_server = asynchronous "
                         "chief + workers + parameter servers")
-    p.add_argument("--ps", type=int, default=0,
+    p.add_argument("--ps", type=int,
                    help="parameter_server: start N local parameter servers (with a chief and --nproc workers), or "
                         "under srun make tasks 1..N parameter servers (default 0 = none)")
-    p.add_argument("--comm", choices=COMMS, default="auto",
+    p.add_argument("--comm", choices=COMMS,
                    help="MWMS collectives: nccl (GPUs), ring (gRPC) or auto (default: NCCL when the worker has a "
                         "GPU, else RING; TensorFlow's own AUTO would pick RING on GPUs too)")
-    p.add_argument("--bytes-per-pack", type=int, default=0, metavar="BYTES",
+    p.add_argument("--bytes-per-pack", type=int, metavar="BYTES",
                    help="MWMS CommunicationOptions.bytes_per_pack: all-reduce the gradients in packs of about this "
                         "size (default 0 = TensorFlow's default: one pack)")
-    p.add_argument("--comm-timeout", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--comm-timeout", type=float, metavar="SECONDS",
                    help="MWMS CommunicationOptions.timeout_seconds: a collective slower than this fails (default 0 = "
                         "TensorFlow's default: no timeout; TF adds a thread per collective when set)")
-    p.add_argument("--port-base", type=int, default=12345,
+    p.add_argument("--port-base", type=int,
                    help="first port for SlurmClusterResolver (default 12345; IDRIS allows 10000-20000)")
-    p.add_argument("--gpus-per-node", type=int, default=-1,
+    p.add_argument("--gpus-per-node", type=int,
                    help="GPUs per node for SlurmClusterResolver (default -1 = what TensorFlow sees)")
-    p.add_argument("--logical-cpus", type=int, default=0,
+    p.add_argument("--logical-cpus", type=int,
                    help="split the CPU into N logical devices (CPU testing of mirrored / central_storage; "
                         "default off)")
-    return p
+    return cli.with_defaults(p, Options)
 
 
 def local_command(n: int, args: list[str], python: str = sys.executable) -> list[str]:
@@ -208,30 +219,36 @@ class NativeBackend(Backend):
         # Must come before any other TF op: MWMS configures the runtime's collective ops when created.
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
 
-    def collective(self) -> Collective:
-        return self._collective
-
-    def knobs(self) -> list[Knob]:
-        o = self.opts
-        if o.strategy != "mwms":  # CommunicationOptions reach MWMS only
-            return []
-        return [Knob("bytes_per_pack", o.bytes_per_pack, 0, f"packs {size_text(o.bytes_per_pack)}"),
-                Knob("comm_timeout_seconds", o.comm_timeout, 0.0, f"timeout {o.comm_timeout:g} s")]
-
     @property
-    def uses_coordinator(self) -> bool:
+    def _coordinated(self) -> bool:
+        """Parameter-server training: the chief schedules the workers' steps through a ClusterCoordinator; only it
+        trains, asynchronously, and its collectives involve no other rank."""
         return self.opts.strategy == "parameter_server"
 
-    @property
-    def profiler_caveat(self) -> str | None:
-        if self.opts.strategy != "mwms" or self.num_workers == 1:
-            return None
-        return ("TensorFlow's profiler with several MWMS workers aborted a worker (double free) or hung in stop() in "
-                "about 1 run of 6 on TF 2.21 CPU: rerun if that happens (docs/observing.md, Traces)")
+    def capabilities(self) -> Capabilities:
+        o = self.opts
+        knobs = () if o.strategy != "mwms" else (  # CommunicationOptions reach MWMS only
+            Knob("bytes_per_pack", o.bytes_per_pack, 0, f"packs {size_text(o.bytes_per_pack)}"),
+            Knob("comm_timeout_seconds", o.comm_timeout, 0.0, f"timeout {o.comm_timeout:g} s"))
+        return Capabilities(
+            collective=self._collective, input_path=self._input_path(), knobs=knobs,
+            variant=None if o.strategy == "mwms" else o.strategy,  # mwms keeps the plain checkpoint name
+            asynchronous=self._coordinated)  # workers update the variables without waiting for each other
 
-    @property
-    def variant(self) -> str | None:
-        return None if self.opts.strategy == "mwms" else self.opts.strategy  # mwms keeps the plain checkpoint name
+    def train_loop(self) -> TrainLoop | None:
+        if not self._coordinated:
+            return None
+        from backends.native_ps import run_ps
+
+        return run_ps
+
+    def start_timeline(self, path: str) -> bool:
+        # No timeline of its own (the collectives show in the profiler's trace); the chief warns as tracing starts.
+        if self.is_chief and self.opts.strategy == "mwms" and self.num_workers > 1:
+            print("[twinbench] note: TensorFlow's profiler with several MWMS workers aborted a worker (double free) "
+                  "or hung in stop() in about 1 run of 6 on TF 2.21 CPU: rerun if that happens (docs/observing.md, "
+                  "Traces)", flush=True)
+        return False
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -246,7 +263,7 @@ class NativeBackend(Backend):
         }
         if self.opts.strategy == "central_storage":
             out["variables_on"] = CENTRAL_VARIABLES
-        if self.uses_coordinator:
+        if self._coordinated:
             out.update({
                 "strategy": "parameter_server",  # the flag's name: the report labels these runs by it
                 "strategy_class": type(self.strategy).__name__,
@@ -261,15 +278,14 @@ class NativeBackend(Backend):
     def scope(self) -> Any:
         return self.strategy.scope()
 
-    @property
-    def input_path(self) -> str:
-        if self.uses_coordinator:
-            return "per-worker (coordinator)"  # common.ps_loop: each worker's own dataset, made through the chief
+    def _input_path(self) -> str:
+        if self._coordinated:
+            return "per-worker (coordinator)"  # native_ps: each worker's own dataset, made through the chief
         return "per-worker" if self.info.replicas_per_worker == 1 else "distributed"
 
     def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
         """The input of this worker's replicas; for parameter-server training the per-worker dataset *function*,
-        which ``common.ps_loop`` creates on every worker through the coordinator.
+        which ``backends.native_ps`` creates on every worker through the coordinator.
 
         One replica per worker (mwms, one_device): this worker's own tf.data pipeline, whose tensors go straight
         into ``strategy.run``, as Horovod ranks are fed. TensorFlow's distributed input
@@ -280,9 +296,9 @@ class NativeBackend(Backend):
         ``input_pipeline_id`` tf.distribute would give it.
         """
         per = self.info.replicas_per_worker
-        if self.uses_coordinator:
+        if self._coordinated:
             return self._per_worker_dataset_fn(dataset_fn)
-        if self.input_path == "per-worker":
+        if self._input_path() == "per-worker":
             return per_worker_dataset(dataset_fn(self.rank, self.num_workers, 1))
         # distribute_datasets_from_function does no auto-sharding: common.workload.data shards by pipeline index, the
         # same rule Horovod ranks use, so both backends feed every replica the same samples.
@@ -310,10 +326,11 @@ class NativeBackend(Backend):
         out = self.strategy.run(step_fn, args=tuple(batch))
         return list(self.strategy.experimental_local_results(out))
 
-    def breakdown_problem(self) -> str | None:
-        return breakdown_problem(self.opts.strategy)
+    def phases(self) -> StepPhases | str:
+        return breakdown_problem(self.opts.strategy) or StepPhases(self._allreduce_gradients)
 
-    def allreduce_gradients(self, grads: list[Any]) -> list[Any]:
+    @staticmethod
+    def _allreduce_gradients(grads: list[Any]) -> list[Any]:
         import tensorflow as tf
 
         # What the optimizer's apply_gradients does under MWMS (all_reduce_sum_gradients): one batched SUM
@@ -323,7 +340,7 @@ class NativeBackend(Backend):
     @property
     def _alone(self) -> bool:
         """No peer to agree with: one worker, or the chief of parameter-server training (the only one training)."""
-        return self.num_workers == 1 or self.uses_coordinator
+        return self.num_workers == 1 or self._coordinated
 
     def allsum(self, values: list[float]) -> list[float]:
         if self._alone:
@@ -416,14 +433,6 @@ def breakdown_problem(strategy: str) -> str | None:
             f"{' or '.join(BREAKDOWN_STRATEGIES)}, not {strategy}")
 
 
-def _check_knobs(args: argparse.Namespace) -> None:
-    """CommunicationOptions values, checked before the job is read and the results dir created (exit 2)."""
-    if args.bytes_per_pack < 0:
-        fail(PROG, f"--bytes-per-pack must be >= 0 (0 = one pack), got {args.bytes_per_pack}")
-    if not args.comm_timeout >= 0:
-        fail(PROG, f"--comm-timeout must be >= 0 seconds (0 = none), got {args.comm_timeout}")
-
-
 def _preflight(args: argparse.Namespace) -> None:
     """Launch-mode checks before TensorFlow starts (each failure: one line, exit 2)."""
     problem = breakdown_problem(args.strategy) if args.diagnose else None
@@ -450,27 +459,21 @@ def _preflight(args: argparse.Namespace) -> None:
         native_cluster.check_slurm_env(args.port_base)
 
 
+def make_backend(args: argparse.Namespace, argv: list[str], job: Any) -> NativeBackend | int:
+    """This process's backend, or the exit status of the local launcher (--nproc, --ps) that ran the ranks."""
+    _preflight(args)
+    if args.strategy == "parameter_server":
+        native_cluster.check_ps_job(job)
+        if native_cluster.launches_ps_locally(args):
+            return native_cluster.launch_local(PROG, args.nproc, argv, ps=args.ps)
+        native_cluster.serve_unless_chief(args, PROG)  # a worker or ps task ends there
+    elif args.nproc > 1:
+        return native_cluster.launch_local(PROG, args.nproc, argv)
+    return NativeBackend(Options.from_args(args))
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser().parse_args(argv)
-    cli.legacy_keras()
-    cli.unset_proxies()
-    _check_knobs(args)
-    job, run_opts = cli.prepare(PROG, args, T0)
-    try:
-        _preflight(args)
-        if args.strategy == "parameter_server":
-            native_cluster.check_ps_job(job)
-            if native_cluster.launches_ps_locally(args):
-                return native_cluster.launch_local(PROG, args.nproc, argv, ps=args.ps)
-            native_cluster.serve_unless_chief(args, PROG)  # a worker or ps task ends there
-        elif args.nproc > 1:
-            return native_cluster.launch_local(PROG, args.nproc, argv)
-        backend = NativeBackend(Options.from_args(args))
-        backend.setup()
-    except UsageError as e:
-        fail(PROG, str(e))
-    return runner.run(PROG, backend, job, run_opts)
+    return entrypoint.run_main(PROG, T0, parser, make_backend, argv)
 
 
 if __name__ == "__main__":

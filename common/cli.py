@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
-from backends.base import CPU_BIND
+from backends.base import CPU_BIND, BaseOptions
 from common.cluster import netif
 from common.core.errors import UsageError, fail
 from common.training import reliability as rel
@@ -36,9 +37,9 @@ def base_parser(prog: str, description: str, parser_class: type[OneLineParser] =
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a job key (repeatable); type-checked, unknown keys are an error")
     p.add_argument("--results", default="results", help="directory for the run's results JSON (default: results)")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=int,
                    help="intra-op threads per process (default 0 = cores / processes on this host)")
-    p.add_argument("--cpu-bind", choices=CPU_BIND, default="none",
+    p.add_argument("--cpu-bind", choices=CPU_BIND,
                    help="none (default): processes run where the launcher put them; cores: local ranks no launcher "
                         "bound (horovodrun --gloo, --nproc) each bind to their own share of the cores, like srun "
                         "--cpu-bind=cores (the record says who bound what)")
@@ -84,6 +85,14 @@ def base_parser(prog: str, description: str, parser_class: type[OneLineParser] =
     r.add_argument("--pause-between-steps", type=float, default=0.0, help=argparse.SUPPRESS)
     # testing aid: every batch waits this long in the input pipeline; the input-wait measure must see it
     r.add_argument("--slow-input", type=float, default=0.0, help=argparse.SUPPRESS)
+    return with_defaults(p, BaseOptions)
+
+
+def with_defaults(p: argparse.ArgumentParser, options: type[BaseOptions]) -> argparse.ArgumentParser:
+    """Give each flag of ``p`` that sets a field of ``options`` (argparse's ``dest``) that field's default: the
+    Options dataclass is the one place a backend's defaults are written. Call it once every flag is added."""
+    defaults = {f.name: f.default for f in dataclasses.fields(options) if f.default is not dataclasses.MISSING}
+    p.set_defaults(**{a.dest: defaults[a.dest] for a in p._actions if a.dest in defaults})
     return p
 
 

@@ -7,7 +7,7 @@ import types
 import pytest
 
 from backends import native
-from backends.base import Collective, tuning_record
+from backends.base import Collective, RankInfo, tuning_record
 from tests.conftest import PY, SMOKE, first_divergence, run
 
 
@@ -18,6 +18,13 @@ from tests.conftest import PY, SMOKE, first_divergence, run
 def test_resolve_comm(requested, has_gpu, used):
     got = native.resolve_comm(requested, has_gpu)
     assert (got.requested, got.used) == (requested, used) and got.reason
+
+
+def set_up(backend: native.NativeBackend, replicas_per_worker: int = 1) -> native.NativeBackend:
+    """The backend as ``setup`` leaves it, without TensorFlow: capabilities() describes a set-up backend."""
+    backend._info = RankInfo(rank=0, num_workers=1, local_rank=0, local_size=1,
+                             replicas_per_worker=replicas_per_worker, device="cpu", threads=1)
+    return backend
 
 
 class _Captured(Exception):
@@ -46,17 +53,18 @@ def test_auto_gives_mwms_nccl_with_a_gpu_and_ring_without(monkeypatch, gpus, imp
     options = got.value.args[0]
     assert options.implementation == getattr(tf.distribute.experimental.CommunicationImplementation, impl)
     assert options.bytes_per_pack == 1 << 20 and options.timeout_seconds == 30.0
-    assert backend.collective() == native.resolve_comm("auto", bool(gpus))
+    assert set_up(backend).capabilities().collective == native.resolve_comm("auto", bool(gpus))
 
 
 def test_knobs_record_values_defaults_and_variant():
-    default = native.NativeBackend(native.Options())
-    rec = tuning_record(default.knobs(), {"NCCL_DEBUG": "INFO"})
+    default = set_up(native.NativeBackend(native.Options()))
+    rec = tuning_record(list(default.capabilities().knobs), {"NCCL_DEBUG": "INFO"})
     assert rec["knobs"] == {"bytes_per_pack": 0, "comm_timeout_seconds": 0.0} == rec["defaults"]
     assert rec["variant"] is None and rec["env"] == {"NCCL_DEBUG": "INFO"}
-    packed = native.NativeBackend(native.Options(bytes_per_pack=32 << 20))
-    assert tuning_record(packed.knobs(), {})["variant"] == "packs 32 MiB"
-    assert native.NativeBackend(native.Options(strategy="mirrored")).knobs() == []  # not MWMS: no such knob
+    packed = set_up(native.NativeBackend(native.Options(bytes_per_pack=32 << 20)))
+    assert tuning_record(list(packed.capabilities().knobs), {})["variant"] == "packs 32 MiB"
+    mirrored = set_up(native.NativeBackend(native.Options(strategy="mirrored")), 2)
+    assert mirrored.capabilities().knobs == ()  # not MWMS: no such knob
 
 
 @pytest.mark.parametrize(("flags", "says"), [

@@ -104,7 +104,10 @@ def test_a_flag_overrides_the_launchers_variable_and_rank_0_says_so_once(capsys)
 def test_horovod_backend_records_knobs_and_the_collective_used():
     b = horovod.HorovodBackend(horovod.Options(knobs=flags("--fusion-threshold-mb", "32")))
     b.knob_env = {"HOROVOD_FUSION_THRESHOLD": str(32 * MIB)}  # what _connect snapshots before hvd.init
-    assert values(b.knobs())["fusion_threshold_bytes"] == 32 * MIB
+    b.hvd = SimpleNamespace(gloo_enabled=lambda: True, mpi_enabled=lambda: False, nccl_built=lambda: 0,
+                            ccl_built=lambda: False)
+    b.gpu = False
+    assert values(list(b.capabilities().knobs))["fusion_threshold_bytes"] == 32 * MIB
 
     def hvd(gloo: bool, mpi: bool, nccl: int) -> SimpleNamespace:
         return SimpleNamespace(gloo_enabled=lambda: gloo, mpi_enabled=lambda: mpi, nccl_built=lambda: nccl,
@@ -114,7 +117,7 @@ def test_horovod_backend_records_knobs_and_the_collective_used():
              (True, hvd(True, False, 2000), "nccl"), (True, hvd(False, True, 0), "mpi")]
     for gpu, fake, used in cases:
         b.gpu, b.hvd = gpu, fake
-        c = b.collective().to_dict()
+        c = b.capabilities().collective.to_dict()
         assert c["requested"] == "auto" and c["used"] == used and c["reason"], (gpu, c)
     assert "without NCCL" in c["reason"]  # a GPU rank whose Horovod has no NCCL: its tensors go through the host
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from backends.base import Capabilities, Collective
 from common.cluster import machine
 from common.core.results import BreakdownRecord
 from common.report import build_report, machines, summarize
@@ -133,10 +134,9 @@ def test_records_carry_the_block_through_gather_and_make_record() -> None:
 
     job = Job(name="m", per_replica_batch_size=4, steps=2)
     backend = types.SimpleNamespace(
-        name="native", num_workers=1, uses_coordinator=False, allgather=lambda x: [x],
+        name="native", num_workers=1, allgather=lambda x: [x],
         info=types.SimpleNamespace(local_rank=0, local_size=1, cpus=(0,), cpu_bind="none", device="cpu"),
-        describe=lambda: {}, gradient_bytes=lambda n: 4 * n, knobs=lambda: [], input_path="per-worker",
-        collective=lambda: types.SimpleNamespace(to_dict=lambda: {}))
+        describe=lambda: {}, capabilities=lambda: Capabilities(Collective("auto", "n/a", "one process")))
     built = types.SimpleNamespace(model=types.SimpleNamespace(weights=[], trainable_weights=[],
                                                               trainable_variables=[]))
     hooks = types.SimpleNamespace(clock_marks=lambda: [[0, 0.0], [1, 0.5], [2, 1.0]], warm=1, losses=[1.0, 0.5],
@@ -155,7 +155,8 @@ def test_allreduce_record_carries_the_block(tmp_path: Path) -> None:
     from common.training.runconfig import BenchOptions
 
     backend = types.SimpleNamespace(name="native", num_workers=1, num_replicas=1, rank=0, is_chief=True,
-                                    allgather=lambda x: [x], allreduce_fn=lambda: (lambda t: t), describe=lambda: {})
+                                    allgather=lambda x: [x], allreduce_fn=lambda: (lambda t: t), describe=lambda: {},
+                                    capabilities=lambda: Capabilities(Collective("auto", "n/a", "one process")))
     rec = bench.run_allreduce(backend, BenchOptions((16,), iters=2, warmup_iters=0), str(tmp_path), ["python"],
                               verbose=False)
     written = json.loads(next(tmp_path.glob("allreduce-*.json")).read_text())

@@ -101,7 +101,7 @@ def test_progress_interval_flag_and_quiet(monkeypatch, capsys):
 class TracingBackend(FakeBackend):
     """A fake rank 0 of 2 whose profiler calls are recorded with the fake clock's time (no TensorFlow)."""
 
-    name, rank, uses_coordinator, profiler_caveat = "fake", 0, False, None
+    name, rank = "fake", 0
 
     def allgather(self, obj: object) -> list[object]:
         return [obj, obj]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import backends
-from backends.base import Backend, BaseOptions, Diagnosis, RankInfo
+from backends.base import Backend, BackendSpec, BaseOptions, Capabilities, Collective, Diagnosis, Knob, RankInfo
 from tests.conftest import REPO, base_env
 
 
@@ -21,9 +21,12 @@ def test_every_registered_backend_keeps_the_contract(name):
     classes = [c for c in vars(mod).values() if inspect.isclass(c) and issubclass(c, Backend) and c is not Backend]
     assert [c.name for c in classes] == [name], f"{entry.module} must define one Backend subclass named {name!r}"
     assert not inspect.isabstract(classes[0]), f"{classes[0].__name__} leaves abstract members unimplemented"
+    assert isinstance(mod, BackendSpec), f"{entry.module} lacks a module-level member of backends.base.BackendSpec"
     assert issubclass(mod.Options, BaseOptions) and mod.Options.__dataclass_params__.frozen
     args = mod.parser().parse_args([])
     assert isinstance(mod.Options.from_args(args), mod.Options)
+    # one place for the defaults: no flag given gives the Options dataclass's defaults
+    assert mod.Options.from_args(args) == mod.Options()
     assert (REPO / entry.slurm_script).is_file()
     without_tf = mod.doctor(None)  # what the doctor says when TensorFlow does not import
     assert isinstance(without_tf, Diagnosis) and not without_tf.ok and without_tf.status.startswith("cannot run")
@@ -31,6 +34,39 @@ def test_every_registered_backend_keeps_the_contract(name):
     assert one[:3] == ["/py", "-m", entry.module] and one[-2:] == ["--job", "x.toml"]
     two = mod.local_command(2, ["--job", "x.toml"], python="/py")
     assert two != one and "2" in two and two[-2:] == ["--job", "x.toml"]
+
+
+def test_the_contract_fits_on_a_screen():
+    """What a backend author reads: the abstract members, then about a dozen with a default (Lifecycle's six hooks
+    among them) and the RankInfo shortcuts; nothing that only one backend means."""
+    abstract = sorted(Backend.__abstractmethods__)
+    assert abstract == ["_connect", "allgather", "allreduce_fn", "allsum", "capabilities", "make_dataset", "run"]
+    public = {n for n in dir(Backend) if not n.startswith("_")}
+    shortcuts = {"info", "rank", "num_workers", "num_replicas", "is_chief", "name", "setup"}
+    groups = [{"capabilities"}, {"describe"}, {"scope"}, {"make_dataset"}, {"run", "wrap_tape"}, {"wrap_optimizer"},
+              {"fit_callbacks"}, {"train_loop"}, {"allsum", "allgather", "allreduce_fn", "barrier"}, {"phases"},
+              {"start_timeline", "stop_timeline"},
+              {"before_training", "after_first_step", "sync_model_state", "restore", "exit_barrier", "shutdown"}]
+    assert public - shortcuts == set().union(*groups) and len(groups) + 1 == 13  # + setup
+    assert not public & {"uses_coordinator", "variant", "profiler_caveat", "input_path", "gradient_bytes", "knobs",
+                         "collective", "writes_checkpoint", "breakdown_problem", "fit_warmup"}
+
+
+def test_capabilities_record_and_gradient_bytes():
+    knob = Knob("fusion_threshold_bytes", 1, 2, "fusion 1 B")
+    caps = Capabilities(Collective("auto", "gloo", "why"), controller="gloo", compression="fp16", knobs=(knob,))
+    assert caps.gradient_bytes(10) == 20 and Capabilities(caps.collective).gradient_bytes(10) == 40
+    assert caps.record() == {"controller": "gloo", "compression": "fp16", "input_path": "per-worker",
+                             "variant": None, "asynchronous": False, "every_rank_writes_checkpoint": True}
+    with pytest.raises(ValueError, match="compression 'int8'"):
+        Capabilities(caps.collective, compression="int8")
+
+
+def test_the_toy_backend_keeps_the_module_contract():
+    from tests import toy_backend
+
+    assert isinstance(toy_backend, BackendSpec)
+    assert toy_backend.Options.from_args(toy_backend.parser().parse_args([])) == toy_backend.Options()
 
 
 def test_rank_info_is_frozen_and_derives_replicas():

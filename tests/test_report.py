@@ -479,3 +479,4 @@ def test_backends_fed_differently_are_named() -> None:
     assert note("per-worker") == []
     (line,) = note("distributed")
     assert "native: distributed" in line and "horovod: per-worker" in line
+

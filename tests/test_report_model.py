@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,11 +56,12 @@ def test_model_missing_inputs_are_said_plainly(tmp_path: Path):
     assert "native: no model (a 1-replica run missing)" in (out / "report.md").read_text()
 
 
-def test_fp16_compression_is_stated(tmp_path: Path):
+@pytest.mark.parametrize("said", [{"backend_info": {"compression": "fp16"}},  # a file from before capabilities
+                                  {"backend_info": {}, "capabilities": {"compression": "fp16"}}])
+def test_fp16_compression_is_stated(tmp_path: Path, said: dict[str, Any]):
     d = tmp_path / "res"
     for ws in (1, 2):
-        put(d, make_run("horovod", ws, 100.0 * ws, gradient_bytes=GRAD // 2,
-                        backend_info={"compression": "fp16"}))
+        put(d, make_run("horovod", ws, 100.0 * ws, gradient_bytes=GRAD // 2, **said))
     put(d, bench("horovod"), name="allreduce-horovod.json")
     assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
     md = (tmp_path / "o" / "report.md").read_text()
@@ -75,3 +77,29 @@ def test_incomplete_allreduce_json_is_skipped(tmp_path: Path, bad, capsys):
     (d / "allreduce-bad.json").write_text(json.dumps(b))
     assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
     assert "incomplete allreduce benchmark" in capsys.readouterr().err
+
+
+def test_the_report_reads_the_typed_capabilities_and_only_displays_backend_info(tmp_path) -> None:
+    """A record with ``capabilities`` is labelled and modelled from it alone, whatever its backend_info says (free
+    provenance); an older file without the block still reads as before (tests/test_strategies.py, test_knobs.py)."""
+    from common.report.model import format_allreduce
+    from common.report.summary import row_label
+
+    def caps(**kw: Any) -> dict[str, Any]:
+        return {"controller": None, "compression": "none", "input_path": "per-worker", "variant": None,
+                "asynchronous": False, "every_rank_writes_checkpoint": True, **kw}
+
+    misleading = {"strategy": "MirroredStrategy", "asynchronous": True, "compression": "fp16"}
+    plain = make_run("native", 2, 1.0, backend_info=misleading, capabilities=caps())
+    assert row_label(plain) == "native"
+    assert row_label(make_run("native", 2, 1.0, backend_info={}, capabilities=caps(variant="central_storage"))) \
+        == "native (central_storage)"
+    ps = make_run("native", 2, 1.0, backend_info={}, capabilities=caps(variant="parameter_server", asynchronous=True))
+    put(tmp_path, ps)
+    [loaded] = report.load_runs(tmp_path)
+    assert loaded["asynchronous"] is True and row_label(loaded) == "native (parameter_server, asynchronous)"
+    bench = {"backend": "horovod", "world_size": 2, "hosts": ["a"], "rows": [], "backend_info": {"controller": "x"},
+             "collective": {"requested": "auto", "used": "gloo", "reason": "r"}, "capabilities": caps()}
+    assert "### horovod, 2 ranks (gloo; hosts" in format_allreduce([bench])
+    old = {"backend": "native", "world_size": 2, "hosts": ["a"], "rows": [], "backend_info": {"communication": "ring"}}
+    assert "### native, 2 ranks (ring; hosts" in format_allreduce([old])

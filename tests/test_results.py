@@ -81,7 +81,7 @@ RECORD_KEYS = [
     "resumed_from_step", "versions", "hosts", "devices", "command", "started_at", "finished_at", "run_id",
     "trainable_params", "gradient_bytes", "initial_weights_digest", "weights_digest", "trainable_weights_digest",
     "weights_consistent", "all_weights_consistent", "asynchronous", "input", "network", "topology",
-    "collective", "tuning", "machine", "artifacts",
+    "collective", "tuning", "capabilities", "machine", "artifacts",
 ]
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from backends import native_cluster
+from backends.native_ps import sync_points
 from common.cluster import localcluster
 from common.core.errors import UsageError
-from common.ps_loop import sync_points
 from common.report.summary import row_label
 from tests.conftest import PY, REPO, SMOKE, base_env, only_result, run
 
@@ -219,9 +219,12 @@ def test_checkpoint_dir_names_a_strategy_other_than_the_default(tmp_path):
 
     plain = rel.ckpt_dir(tmp_path, "native", 2, "0123456789abcdef")
     # the default strategy names no variant: checkpoints written before variants existed still resume
-    default = native.NativeBackend(native.Options()).variant
+    from tests.test_comm import set_up
+
+    default = set_up(native.NativeBackend(native.Options())).capabilities().variant
     assert default is None and rel.ckpt_dir(tmp_path, "native", 2, "0123456789abcdef", default) == plain
-    assert native.NativeBackend(native.Options(strategy="mirrored")).variant == "mirrored"
+    mirrored = set_up(native.NativeBackend(native.Options(strategy="mirrored")), 2)
+    assert mirrored.capabilities().variant == "mirrored"
     dirs = {rel.ckpt_dir(tmp_path, "native", 2, "0123456789abcdef", s) for s in
             ("mirrored", "central_storage", "one_device", "parameter_server")}
     assert len(dirs) == 4 and plain not in dirs

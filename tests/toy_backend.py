@@ -10,45 +10,49 @@ import time
 T0 = time.time()  # process start, for time-to-first-step
 
 import sys  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
-from backends.base import Backend, Collective, Diagnosis, RankInfo, configure_threads  # noqa: E402
-from common import cli, runner  # noqa: E402
+from backends import base, entrypoint  # noqa: E402
+from common import cli  # noqa: E402
 
 PROG = "tests.toy_backend"
+Options = base.BaseOptions  # no flags of its own
+
+
+def parser() -> Any:
+    return cli.base_parser(PROG, "Run a twinbench job on the toy backend.")
+
+
+def make_backend(args: Any, argv: list[str], job: Any) -> base.Backend:
+    return ToyBackend()  # no options, no launcher
 
 
 def local_command(n: int, args: list[str], python: str = sys.executable) -> list[str]:
-    """The command that runs this backend on this host: one process (the toy has no launcher)."""
     if n != 1:
-        raise ValueError("the toy backend runs one process")
+        raise ValueError("the toy backend runs one process (it has no launcher)")
     return [python, "-m", PROG, *args]
 
 
-def doctor(tf_version: str | None) -> Diagnosis:
+def doctor(tf_version: str | None) -> base.Diagnosis:
     ok = tf_version is not None
-    return Diagnosis(ok, "ok" if ok else "cannot run: TensorFlow is not importable", {}, [])
+    return base.Diagnosis(ok, "ok" if ok else "cannot run: TensorFlow is not importable", {}, [])
 
 
-class ToyBackend(Backend):
+class ToyBackend(base.Backend):
     name = "toy"
 
-    def _connect(self) -> RankInfo:
-        threads, cpus, bound = configure_threads(1, 0)
-        return RankInfo(rank=0, num_workers=1, local_rank=0, local_size=1, replicas_per_worker=1, device="cpu",
-                        threads=threads, cpus=tuple(cpus), cpu_bind=bound)
+    def _connect(self) -> base.RankInfo:
+        threads, cpus, bound = base.configure_threads(1, 0)
+        return base.RankInfo(rank=0, num_workers=1, local_rank=0, local_size=1, replicas_per_worker=1,
+                             device="cpu", threads=threads, cpus=tuple(cpus), cpu_bind=bound)
 
-    def describe(self) -> dict[str, Any]:
-        return {"device": self.info.device, "threads_per_process": self.info.threads}
+    def capabilities(self) -> base.Capabilities:
+        return base.Capabilities(base.Collective("auto", "none", "one process: nothing to reduce"))
 
-    def collective(self) -> Collective:
-        return Collective("auto", "none", "one process: nothing to reduce")
-
-    def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
+    def make_dataset(self, dataset_fn: Any) -> Any:
         return dataset_fn(0, 1, 1)
 
-    def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
+    def run(self, step_fn: Any, batch: Any) -> Any:
         return [step_fn(*batch)]
 
     def allsum(self, values: list[float]) -> list[float]:
@@ -62,12 +66,7 @@ class ToyBackend(Backend):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = cli.base_parser(PROG, "Run a twinbench job on the toy backend.").parse_args(argv)
-    cli.legacy_keras()
-    job, run_opts = cli.prepare(PROG, args, T0)
-    backend = ToyBackend()
-    backend.setup()
-    return runner.run(PROG, backend, job, run_opts)
+    return entrypoint.run_main(PROG, T0, parser, make_backend, argv)
 
 
 if __name__ == "__main__":

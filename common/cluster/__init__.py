@@ -1,1 +1,2 @@
-"""cluster"""
+"""The cluster: network interfaces, Slurm's task layout, local multi-process clusters, the machine facts each record
+carries. Imports only the layers below it."""

@@ -51,7 +51,7 @@ class RunRecord:
     schema: int = _always_written(SCHEMA)
     kind: str = _always_written("train")
     backend: str
-    backend_info: dict[str, Any] | None = None  # Backend.describe(): strategy, communication, compression...
+    backend_info: dict[str, Any] | None = None  # Backend.describe(): free-form provenance, displayed, never read
     world_size: int  # replicas
     num_workers: int  # processes
     mode: str | None = None  # fit | ctl
@@ -88,8 +88,9 @@ class RunRecord:
     input: dict[str, Any] | None = None  # did the input pipeline keep up (time waiting for the next batch)
     network: dict[str, Any] | None = None  # the data interface and each rank's address the collectives used
     topology: dict[str, Any] | None = None  # hosts, local size per rank, cross size (the launcher's placement)
-    collective: dict[str, Any] | None = None  # Backend.collective(): requested, used, reason
+    collective: dict[str, Any] | None = None  # Capabilities.collective: requested, used, reason
     tuning: dict[str, Any] | None = None  # base.tuning_record(): knobs in effect, defaults, variant label, env
+    capabilities: dict[str, Any] | None = None  # Capabilities.record(): variant, compression, controller... (typed)
     machine: dict[str, Any] | None = None  # common.cluster.machine: CPU, GPUs, libraries, Slurm, network, memory
     artifacts: dict[str, Any] | None = None  # TensorBoard / profiler / timeline paths, relative to the results dir
 

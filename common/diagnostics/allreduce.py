@@ -89,8 +89,10 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
                      "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(n), "iters": iters,
                      "wrong": sum(r["wrong"][str(size)] for r in everyone)})
     p2p.annotate(rows, link)  # busbw_pct_of_link per row
+    caps = backend.capabilities()
     record = {
         "schema": res.SCHEMA, "kind": "allreduce", "backend": backend.name, "backend_info": backend.describe(),
+        "collective": caps.collective.to_dict(), "capabilities": caps.record(),  # what the report reads
         "world_size": n, "num_workers": backend.num_workers, "dtype": "float32", "op": "sum", "warmup_iters": warmup,
         "rows": rows, "bus_factor": bus_factor(n), "versions": res.versions(),
         "hosts": [r["host"] for r in everyone], "command": command, "finished_at": res.now_iso(),

@@ -6,7 +6,7 @@ dependencies, with a ``tf.timestamp()`` at every boundary:
 
     t0  function start             -> next(iterator)                       -> t1  the batch is there
     t1  forward + backward, this replica's own gradients (no reduction)  -> t2
-    t2  SUM all-reduce of the gradients (Backend.allreduce_gradients)      -> t3  (includes waiting for the slowest)
+    t2  SUM all-reduce of the gradients (StepPhases.allreduce_gradients)   -> t3  (includes waiting for the slowest)
     t3  optimizer.apply_gradients(..., experimental_aggregate_gradients=False) -> t4
 
 ``rest`` = t0 of this step - t4 of the previous one: everything between two steps' device work (the function's
@@ -100,9 +100,9 @@ def run_breakdown(job: Job, backend: Backend, opts: RunOptions) -> BreakdownReco
     """Train ``job`` with its step split into timed phases; the chief writes (and returns) the record."""
     from common.training import train
 
-    problem = backend.breakdown_problem()
-    if problem:
-        raise UsageError(problem)
+    phases = backend.phases()
+    if isinstance(phases, str):
+        raise UsageError(phases)
     if backend.info.replicas_per_worker != 1:
         raise UsageError("--diagnose breakdown times one replica per process; this run drives "
                          f"{backend.info.replicas_per_worker}")
@@ -149,7 +149,8 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any
         global_batch_size=plan.global_batch, steps=plan.total_steps, timed_steps=plan.total_steps - warm,
         warmup_steps=warm, **figures, per_rank_step_phases=[r["phases"] for r in everyone],
         step_losses=[sum(r["losses"][i] for r in everyone) / len(everyone) for i in range(plan.total_steps)],
-        trainable_params=n_params, gradient_bytes=backend.gradient_bytes(n_params), versions=res.versions(),
+        trainable_params=n_params, gradient_bytes=backend.capabilities().gradient_bytes(n_params),
+        versions=res.versions(),
         hosts=[r["host"] for r in everyone], command=list(opts.command),
         started_at=res.now_iso_from(opts.t_process_start), finished_at=res.now_iso(), run_id=res.new_run_id(),
         machine=machine.combine([r["machine"] for r in everyone]),
@@ -199,6 +200,8 @@ def _make_step(job: Job, backend: Backend, model: Any, optimizer: Any, plan: Pla
 
     forward = _forward(job, model, plan)
     mixed, variables = job.mixed_precision, model.trainable_variables
+    phases = backend.phases()
+    assert not isinstance(phases, str), phases  # run_breakdown refused such a backend
 
     def replica(x: Any, y: Any) -> Any:
         t1 = _stamp_after([x, y])
@@ -206,13 +209,13 @@ def _make_step(job: Job, backend: Backend, model: Any, optimizer: Any, plan: Pla
         with tf.GradientTape() as tape:
             loss = forward(x, y)
             target = optimizer.get_scaled_loss(loss) if mixed else loss
-        grads = backend.local_gradients(tape, target, variables)
+        grads = phases.local_gradients(tape, target, variables)
         if mixed:
             grads = optimizer.get_unscaled_gradients(grads)
         t2 = _stamp_after(grads)
-        reduced = backend.allreduce_gradients(_after(t2, grads))
+        reduced = phases.allreduce_gradients(_after(t2, grads))
         t3 = _stamp_after(reduced)
-        update = backend.apply_local(optimizer, list(zip(_after(t3, reduced), variables)))
+        update = phases.apply_local(optimizer, list(zip(_after(t3, reduced), variables)))
         with tf.control_dependencies(_ops(update)):
             t4 = _stamp_after([tf.identity(v) for v in variables])  # the updated values, read back
         return tf.stack([t1, t2, t3, t4, tf.cast(loss, tf.float64) * plan.replicas])  # loss: this replica's mean

@@ -174,7 +174,7 @@ def breakdown_cells(records: Sequence[BreakdownRecord], runs: Sequence[Mapping[s
     for (h, backend, n), rec in newest.items():
         steps = [num((r.get("step_time") or {}).get("mean")) for r in runs
                  if r["job_hash"] == h and r["backend"] == backend and r["world_size"] == n
-                 and not (r.get("backend_info") or {}).get("asynchronous")]
+                 and r.get("asynchronous") is not True]
         bench = next((b for b in reversed(benches) if b["backend"] == backend and b["world_size"] == n), None)
         at = allreduce_time_at(bench["rows"], rec.gradient_bytes) if bench and rec.gradient_bytes else None
         out.setdefault(h, []).append(BreakdownCell(rec, median(steps), len(steps), at))

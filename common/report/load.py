@@ -74,12 +74,49 @@ def check_run(d: Any) -> str | None:
     return None
 
 
+# Files written before the record had ``capabilities`` said some of its facts only in ``backend_info``: read there
+# for them alone. backend_info.strategy (a tf.distribute class name, or the flag's name) -> the --strategy flag.
+LEGACY_STRATEGY_FLAGS = {
+    # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy: what --strategy mwms recorded
+    "CollectiveAllReduceStrategy": "mwms", "MultiWorkerMirroredStrategy": "mwms",
+    "MirroredStrategy": "mirrored", "OneDeviceStrategy": "one_device",
+    "CentralStorageStrategy": "central_storage", "ParameterServerStrategy": "parameter_server",
+}
+LEGACY_DEFAULT_STRATEGY = "mwms"  # native's default: no variant
+
+
+def capabilities(d: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A run's (or an allreduce benchmark's) ``capabilities`` block (``backends.base.Capabilities.record()``); for
+    an older file without one, the same facts as its ``backend_info`` said them."""
+    caps = d.get("capabilities")
+    if isinstance(caps, Mapping):
+        return caps
+    info = d.get("backend_info")
+    info = info if isinstance(info, Mapping) else {}
+    raw = info.get("strategy")
+    variant = LEGACY_STRATEGY_FLAGS.get(raw, raw) if isinstance(raw, str) and raw else None
+    return {"variant": None if variant in (LEGACY_DEFAULT_STRATEGY, d.get("backend")) else variant,
+            "compression": info.get("compression") or "none", "controller": info.get("controller"),
+            "asynchronous": info.get("asynchronous") is True}
+
+
+def collective_used(d: Mapping[str, Any]) -> str | None:
+    """What carried the reduction (``collective.used``); for an older file without ``collective``, what its
+    ``backend_info`` named (native's ``communication``, else Horovod's ``controller``)."""
+    c = d.get("collective")
+    used = c.get("used") if isinstance(c, Mapping) else None
+    if isinstance(used, str) and used:
+        return used
+    info = d.get("backend_info")
+    old = (info.get("communication") or info.get("controller")) if isinstance(info, Mapping) else None
+    return old if isinstance(old, str) and old else None
+
+
 def upgrade_run(d: dict[str, Any]) -> None:
     """Fill in, in place, what an older results file says in another way: ``asynchronous`` (before it was a field
     of its own, only ``backend_info.asynchronous`` recorded parameter-server runs)."""
     if not isinstance(d.get("asynchronous"), bool):
-        info = d.get("backend_info")
-        d["asynchronous"] = isinstance(info, Mapping) and info.get("asynchronous") is True
+        d["asynchronous"] = capabilities(d).get("asynchronous") is True
 
 
 def _read_json(path: Path, warn: Callable[[str], None]) -> tuple[bool, Any]:

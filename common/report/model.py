@@ -8,6 +8,7 @@ from typing import Any
 
 from common.diagnostics import scaling
 from common.report.base import NA
+from common.report.load import capabilities, collective_used
 from common.report.render import distinct, fmt_num, md_table
 from common.report.stats import median, num
 from common.report.summary import JobSummary
@@ -19,8 +20,7 @@ def format_allreduce(benches: Sequence[Mapping[str, Any]]) -> str:
              "SUM of float32 tensors; time = median over iterations of the slowest rank; algbw = bytes / time; "
              "busbw = algbw x 2(n-1)/n (nccl-tests' definitions).", ""]
     for b in benches:
-        info = b.get("backend_info") or {}
-        comm = info.get("communication") or info.get("controller") or NA
+        comm = collective_used(b) or NA
         lines += [f"### {b['backend']}, {b['world_size']} ranks ({comm}; hosts "
                   f"{distinct(str(h) for h in b.get('hosts', []))})", ""]
         body = [[f"{int(r['bytes']):,}", fmt_num(num(r.get("time_median")), ".1f", 1e6),
@@ -44,8 +44,7 @@ def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Mapping[
     if fit is None:
         return [f"- {backend}: no model (the allreduce times do not fit alpha + beta x bytes)"]
     tc = base.step_p50
-    comp = next((r.get("backend_info", {}).get("compression") for r in summary.runs if r["backend"] == backend),
-                None)
+    comp = next((capabilities(r).get("compression") for r in summary.runs if r["backend"] == backend), None)
     lines = [f"### Model: {backend}", "",
              f"Compute time per step {tc * 1e3:.2f} ms (1-replica median step), gradient bytes S = "
              f"{int(grad):,}{' (fp16 compression: half of float32)' if comp == 'fp16' else ''}; fitted from "

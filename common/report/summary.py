@@ -11,20 +11,12 @@ from typing import Any
 
 import backends
 from common.report.base import NA, NO_INTERVAL
-from common.report.load import upgrade_run
+from common.report.load import capabilities, upgrade_run
 from common.report.machines import MachineKey, machine_keys, nodes_text
 from common.report.stats import mean_ci95, median, num
 from common.report.versions import version_mix, versions_by_key
 
 RATIO_NUM, RATIO_DEN = backends.RATIO  # numerator and denominator of the throughput ratio
-# backend_info.strategy (a tf.distribute class name, or the flag's name) -> the --strategy flag's name
-STRATEGY_FLAGS = {
-    # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy: what --strategy mwms records
-    "CollectiveAllReduceStrategy": "mwms", "MultiWorkerMirroredStrategy": "mwms",
-    "MirroredStrategy": "mirrored", "OneDeviceStrategy": "one_device",
-    "CentralStorageStrategy": "central_storage", "ParameterServerStrategy": "parameter_server",
-}
-DEFAULT_STRATEGY = "mwms"  # the native default: its rows keep the bare backend name (and the backend ratio)
 
 
 @dataclass
@@ -185,13 +177,10 @@ def input_text(row: Row) -> str:
 
 
 def run_strategy(run: Mapping[str, Any]) -> str | None:
-    """The run's strategy as the --strategy flag names it, when it is not its backend's default (None then)."""
-    info = run.get("backend_info")
-    raw = info.get("strategy") if isinstance(info, Mapping) else None
-    if not isinstance(raw, str) or not raw:
-        return None
-    name = STRATEGY_FLAGS.get(raw, raw)
-    return None if name in (DEFAULT_STRATEGY, run["backend"]) else name
+    """The run's non-default way of training (``capabilities.variant``, e.g. native's --strategy mirrored), None
+    for its backend's default."""
+    variant = capabilities(run).get("variant")
+    return variant if isinstance(variant, str) and variant else None
 
 
 def run_variant(run: Mapping[str, Any]) -> str | None:
@@ -361,9 +350,9 @@ def _run_notes(job: Mapping[str, Any], runs: list[dict[str, Any]], rows: list[Ro
                      f"claim and not in the {RATIO_NUM}/{RATIO_DEN} ratio; compare its throughput and final loss "
                      "only (its speedup is against its own 1-worker run)")
     for label in dict.fromkeys(row_label(r) for r in runs if r.get("asynchronous") is not True and run_strategy(r)):
-        notes.append(f"{label}: rows of their own (another tf.distribute strategy than {RATIO_DEN}'s default "
-                     f"{DEFAULT_STRATEGY}); not in the {RATIO_NUM}/{RATIO_DEN} ratio, speedup against its own "
-                     "1-replica run")
+        notes.append(f"{label}: rows of their own (a variant of the backend that changes the math or the schedule, "
+                     f"e.g. another tf.distribute strategy); not in the {RATIO_NUM}/{RATIO_DEN} ratio, speedup "
+                     "against its own 1-replica run")
     for label in dict.fromkeys(row_label(r) for r in runs if r.get("asynchronous") is not True
                                and not run_strategy(r) and run_variant(r)):
         notes.append(f"{label}: rows of their own (tuning knobs not at their defaults, see each run's tuning); "

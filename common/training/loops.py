@@ -16,7 +16,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.base import Backend
+from backends.base import Backend, Warmup
 from common.training import inputwait
 from common.training import reliability as rel
 from common.training.objective import lr_at_step, replica_objective
@@ -324,13 +324,12 @@ def twin_model_class() -> Any:
 def run_fit(job: Job, backend: Backend, model: Any, dataset: Any, hooks: StepHooks, plan: Plan,
             verbose: bool) -> None:
     StepRecorder, WarmupLR = _fit_callback_classes()
-    callbacks = backend.fit_callbacks()
-    if job.warmup_epochs:
-        # The backend's own warm-up callback counts Keras epochs from 0: only valid for a run that starts at step 0.
-        own = backend.fit_warmup(job.warmup_epochs, plan.steps_per_epoch, plan.learning_rate) \
-            if hooks.start_step == 0 else None
-        callbacks.append(own if own is not None else
-                         WarmupLR(hooks, plan.learning_rate, plan.steps_per_epoch, plan.replicas, job.warmup_epochs))
+    # The backend's own warm-up callback counts Keras epochs from 0: only offered for a run that starts at step 0.
+    offer = Warmup(job.warmup_epochs, plan.steps_per_epoch, plan.learning_rate) \
+        if job.warmup_epochs and hooks.start_step == 0 else None
+    callbacks, warmup_handled = backend.fit_callbacks(offer)
+    if job.warmup_epochs and not warmup_handled:
+        callbacks.append(WarmupLR(hooks, plan.learning_rate, plan.steps_per_epoch, plan.replicas, job.warmup_epochs))
     ring = LossRing(hooks.sync_every, 1)
     model.loss_ring = types.SimpleNamespace(ring=ring)
     hooks.input_clock = clock = inputwait.InputClock("gap", hooks.warm)

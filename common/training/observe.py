@@ -115,11 +115,9 @@ class Trace:
         from common.core import results as res
 
         run_id = res.new_run_id()
-        if backend.num_workers > 1 and not backend.uses_coordinator:
+        if backend.num_workers > 1:
             run_id = backend.allgather(run_id)[0]  # every rank takes part, in the same place
         root = Path(results_dir) / PROFILE_DIR / f"{label}-{run_id}"
-        if backend.is_chief and backend.profiler_caveat:
-            print(f"[twinbench] note: {backend.profiler_caveat}", flush=True)
         return cls(backend, root, run_id, steps, start_step, max(steps[0] - 1 - start_step, 0),
                    steps[1] - start_step)
 
@@ -157,7 +155,7 @@ class Trace:
         self.backend.stop_timeline()
         tf.profiler.experimental.stop()  # writes this rank's trace files
         self.done = True
-        if self.backend.num_workers > 1 and not self.backend.uses_coordinator:
+        if self.backend.num_workers > 1:
             # The timed window starts at this sync's mark: every rank starts it after all traces are written.
             self.backend.allsum([0.0])
 

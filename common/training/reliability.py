@@ -143,7 +143,7 @@ class Preemption:
 def ckpt_dir(results_dir: str | os.PathLike[str], backend: str, world_size: int, job_hash: str,
              variant: str | None = None) -> Path:
     """One resumable checkpoint per (backend, variant, world size, job) in a results dir: a backend variant
-    (``Backend.variant``, e.g. native's mirrored strategy) is part of the name, so a run never resumes another
+    (``Capabilities.variant``, e.g. native's mirrored strategy) is part of the name, so a run never resumes another
     variant's checkpoint at the same world size; the default (None) keeps the name checkpoints always had."""
     tag = f"-{variant}" if variant else ""
     return Path(results_dir) / "checkpoints" / f"{backend}-n{world_size}-{job_hash}{tag}"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.base import Backend, comm_env, tuning_record
+from backends.base import Backend, Capabilities, comm_env, tuning_record
 from common.cluster import machine, netif
 from common.core import results as res
 from common.core.errors import PeerLost, Preempted, UsageError
@@ -110,10 +110,9 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, preemption: r
                       preemption, watchdog, global_batch=plan.global_batch,
                       label=f"{backend.name}-{job.mode}-n{plan.replicas}")
     verbose = opts.verbose and backend.is_chief
-    if backend.uses_coordinator:  # parameter-server training: the chief schedules asynchronous worker steps
-        from common.ps_loop import run_ps
-
-        run_ps(job, backend, built.model, built.optimizer, dataset, hooks, plan, verbose)
+    own_loop = backend.train_loop()
+    if own_loop is not None:
+        own_loop(job, backend, built.model, built.optimizer, dataset, hooks, plan, verbose)
     elif job.mode == "fit":
         loops.run_fit(job, backend, built.model, dataset, hooks, plan, verbose)
     else:
@@ -227,7 +226,8 @@ def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> 
 
 def find_resume(job: Job, backend: Backend, built: Built, plan: Plan, opts: RunOptions) -> Resume:
     """Resume from a checkpoint when there is one: the chief decides (its view of the results dir), all follow."""
-    own_dir = rel.ckpt_dir(opts.results_dir or ".", backend.name, plan.replicas, job.job_hash, backend.variant)
+    own_dir = rel.ckpt_dir(opts.results_dir or ".", backend.name, plan.replicas, job.job_hash,
+                           backend.capabilities().variant)
     source = Path(opts.resume_from) if opts.resume_from else own_dir
     meta = backend.allgather(rel.read_meta(source) if backend.is_chief else None)[0]
     if opts.resume_from and meta is None:
@@ -278,6 +278,7 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
     stats = res.throughput_stats([r["clock_marks"] for r in everyone], plan.global_batch, everyone[0]["warm"],
                                  job.sync_interval)
     n_params = int(sum(int(math.prod(v.shape)) for v in built.model.trainable_variables))
+    caps: Capabilities = backend.capabilities()
     return res.RunRecord(
         backend=backend.name,
         backend_info=backend.describe(),
@@ -304,7 +305,7 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
         finished_at=res.now_iso(),
         run_id=res.new_run_id(),
         trainable_params=n_params,
-        gradient_bytes=backend.gradient_bytes(n_params),  # bytes allreduced per step: the scaling model's S
+        gradient_bytes=caps.gradient_bytes(n_params),  # bytes allreduced per step: the scaling model's S
         initial_weights_digest=init_digest,
         weights_digest=everyone[0]["final_digest"],
         trainable_weights_digest=everyone[0]["trainable_digest"],  # without BatchNorm statistics
@@ -314,12 +315,13 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
         # ranks keep their own until backend.sync_model_state averages them after the last step).
         all_weights_consistent=len({r["final_digest"] for r in everyone}) == 1,
         network=netif.network(opts.iface, everyone),
-        asynchronous=backend.uses_coordinator,  # parameter-server training: never in a parity claim
+        asynchronous=caps.asynchronous,  # parameter-server training: never in a parity claim
         input={**inputwait.summarise([r["input"] for r in everyone], stats["per_rank_timed_wall"]),
-               "path": backend.input_path},
+               "path": caps.input_path},
         topology=netif.topology(everyone),
-        collective=backend.collective().to_dict(),
-        tuning=tuning_record(backend.knobs(), comm_env()),
+        collective=caps.collective.to_dict(),
+        tuning=tuning_record(list(caps.knobs), comm_env()),
+        capabilities=caps.record(),
         machine=machine.combine([r["machine"] for r in everyone]),
     )
 
@@ -351,7 +353,8 @@ def write_checkpoint(job: Job, backend: Backend, ckpt: Any, final: Path, replica
                      per_rank_losses: list[list[float]], step_losses: list[float], init_digest: str) -> None:
     """Weights + optimizer state + where the data stream stands, published atomically by the chief."""
     tmp = final.parent / f".{final.name}.tmp-rank{backend.rank}"
-    if backend.writes_checkpoint:
+    writes = backend.is_chief or backend.capabilities().every_rank_writes_checkpoint
+    if writes:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         # Under MWMS every worker must write (reading sync-on-read variables is a collective); only the chief's
@@ -366,6 +369,6 @@ def write_checkpoint(job: Job, backend: Backend, ckpt: Any, final: Path, replica
         }
         (tmp / "meta.json").write_text(json.dumps(meta))  # written last: its presence marks a complete checkpoint
         rel.publish_dir(tmp, final)
-    elif backend.writes_checkpoint:
+    elif writes:
         shutil.rmtree(tmp, ignore_errors=True)
     backend.barrier()  # nobody exits before the checkpoint is published

@@ -131,7 +131,7 @@ def _run_fit(model: Any, dataset_fn: Callable[[Any], Any], worker_steps: int, ho
 
 def run_ps(job: Job, backend: Backend, model: Any, optimizer: Any, dataset_fn: Callable[[Any], Any],
            hooks: StepHooks, plan: Plan, verbose: bool) -> None:
-    """Train on the chief of a parameter-server cluster (``backend.uses_coordinator``), in ``job.mode``.
+    """Train on the chief of a parameter-server cluster (``NativeBackend.train_loop``), in ``job.mode``.
 
     ``dataset_fn`` is the per-worker dataset function ``backend.make_dataset`` returned; ``hooks`` records the
     losses and clock marks at each sync, as in the synchronous loops.
