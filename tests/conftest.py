@@ -120,18 +120,26 @@ def without_default_sets(extra: tuple[str, ...]) -> tuple[str, ...]:
 def runner(tmp_path_factory: pytest.TempPathFactory):
     """Runs each distinct command once per session and returns its results record (runs are serial: 2 cores).
     The smoke job is the only job here, and a ``--set`` of one of its own values is dropped first (one run for
-    one job). The records are shared: a test must not modify one (copy it first)."""
-    cache: dict[tuple[str, ...], dict[str, Any]] = {}
+    one job). The records and directories are shared: a test must not modify them (copy first).
+    ``runner.results_dir(kind, *extra, workers=2)``: the results directory of that same run."""
+    cache: dict[tuple[str, ...], tuple[dict[str, Any], Path]] = {}
 
-    def go(kind: str, *extra: str, workers: int = 2) -> dict[str, Any]:
+    def once(kind: str, extra: tuple[str, ...], workers: int) -> tuple[dict[str, Any], Path]:
         extra = without_default_sets(extra)
         key = (kind, str(workers), *extra)
         if key not in cache:
             out = tmp_path_factory.mktemp(f"{kind}{workers}")
             run(backend_cmd(kind, out, *extra, workers=workers))
-            cache[key] = only_result(out)
+            cache[key] = (only_result(out), out)
         return cache[key]
 
+    def go(kind: str, *extra: str, workers: int = 2) -> dict[str, Any]:
+        return once(kind, extra, workers)[0]
+
+    def results_dir(kind: str, *extra: str, workers: int = 2) -> Path:
+        return once(kind, extra, workers)[1]
+
+    go.results_dir = results_dir  # type: ignore[attr-defined]
     return go
 
 
