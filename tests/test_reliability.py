@@ -183,9 +183,11 @@ def test_native_dead_worker_stops_the_other_by_watchdog(tmp_path, mode):
 def test_killed_rank_under_launcher_ends_everything(tmp_path, kind, mode):
     """--nproc and horovodrun: kill -9 one rank mid-run; every rank and the launcher are gone within 60 s."""
     marker = str(tmp_path)
-    launcher = subprocess.Popen(_cmd(kind, tmp_path, "--set", "steps=100000", "--set", f"mode={mode}"),
-                                cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+    log = tmp_path / "launcher.log"  # a file, not a pipe: read while the run goes on, never full
+    # not --quiet: the chief's "first step done" line says when training has started (below)
+    cmd = [a for a in _cmd(kind, tmp_path, "--set", "steps=100000", "--set", f"mode={mode}") if a != "--quiet"]
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         ranks = {}
@@ -193,7 +195,13 @@ def test_killed_rank_under_launcher_ends_everything(tmp_path, kind, mode):
             ranks = _pids_with(marker)
             time.sleep(0.5)
         assert len(ranks) == 2, f"expected 2 rank processes, found {ranks}"
-        time.sleep(12 if kind == "horovod" else 8)  # let training start
+        # Kill mid-run: once training has started, which the chief's progress line says (hence no --quiet).
+        # A fixed 8 s (native) or 12 s (Horovod) sleep stood here, a guess at how long 2 ranks take to start here.
+        while "first step done" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline and launcher.poll() is None, \
+                f"no 'first step done' (exit {launcher.poll()}):\n{log.read_text(errors='replace')[-3000:]}"
+            time.sleep(0.2)
+        time.sleep(1.0)
         victim = next(pid for pid, env in ranks.items()
                       if env.get("HOROVOD_RANK", env.get("TWINBENCH_LOCAL_RANK")) == "1")
         os.kill(victim, signal.SIGKILL)
@@ -202,7 +210,7 @@ def test_killed_rank_under_launcher_ends_everything(tmp_path, kind, mode):
         while any(_alive(p) for p in ranks) and time.monotonic() - t0 < LOST_WITHIN:
             time.sleep(0.2)
         elapsed = time.monotonic() - t0
-        output = launcher.stdout.read()
+        output = log.read_text(errors="replace")
     finally:
         launcher.kill()
     print(f"{kind}: launcher exited {rc}, all ranks gone {elapsed:.1f} s after the kill")
