@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +92,54 @@ def _restore_environ():
     os.environ.update(saved)
 
 
+def _smoke_defaults() -> dict[str, str]:
+    """jobs/smoke.toml's scalar values as ``--set`` would spell them (``mode`` -> ``fit``)."""
+    with open(SMOKE, "rb") as f:
+        table = tomllib.load(f)
+    return {k: str(v) for k, v in table.items() if isinstance(v, str | int | float) and not isinstance(v, bool)}
+
+
+def without_default_sets(extra: tuple[str, ...]) -> tuple[str, ...]:
+    """``extra`` without the ``--set KEY=VALUE`` pairs that repeat smoke.toml's own value: ``runner("native")`` and
+    ``runner("native", "--set", "mode=fit")`` are the same job (same values, same job_hash), so one run."""
+    defaults = _smoke_defaults()
+    out: list[str] = []
+    i = 0
+    while i < len(extra):
+        if extra[i] == "--set" and i + 1 < len(extra):
+            key, _, value = extra[i + 1].partition("=")
+            if defaults.get(key) == value:
+                i += 2
+                continue
+        out.append(extra[i])
+        i += 1
+    return tuple(out)
+
+
 @pytest.fixture(scope="session")
 def runner(tmp_path_factory: pytest.TempPathFactory):
-    """Runs each distinct command once per session and returns its results record (runs are serial: 2 cores)."""
-    cache: dict[tuple[str, ...], dict[str, Any]] = {}
+    """Runs each distinct command once per session and returns its results record (runs are serial: 2 cores).
+    The smoke job is the only job here, and a ``--set`` of one of its own values is dropped first (one run for
+    one job). The records and directories are shared: a test must not modify them (copy first).
+    ``runner.results_dir(kind, *extra, workers=2)``: the results directory of that same run."""
+    cache: dict[tuple[str, ...], tuple[dict[str, Any], Path]] = {}
 
-    def go(kind: str, *extra: str, workers: int = 2) -> dict[str, Any]:
+    def once(kind: str, extra: tuple[str, ...], workers: int) -> tuple[dict[str, Any], Path]:
+        extra = without_default_sets(extra)
         key = (kind, str(workers), *extra)
         if key not in cache:
             out = tmp_path_factory.mktemp(f"{kind}{workers}")
             run(backend_cmd(kind, out, *extra, workers=workers))
-            cache[key] = only_result(out)
+            cache[key] = (only_result(out), out)
         return cache[key]
 
+    def go(kind: str, *extra: str, workers: int = 2) -> dict[str, Any]:
+        return once(kind, extra, workers)[0]
+
+    def results_dir(kind: str, *extra: str, workers: int = 2) -> Path:
+        return once(kind, extra, workers)[1]
+
+    go.results_dir = results_dir  # type: ignore[attr-defined]
     return go
 
 

@@ -8,17 +8,16 @@ import shutil
 
 import pytest
 
-from tests.conftest import PY, SMOKE, backend_cmd, first_divergence, only_result, run
+from tests.conftest import PY, SMOKE, first_divergence, only_result, run
 
 pytestmark = pytest.mark.distributed
 RTOL = 1e-5
 
 
-def test_mirrored_two_logical_cpus_equals_one_replica_double_batch(runner, tmp_path):
+def test_mirrored_two_logical_cpus_equals_one_replica_double_batch(runner):
     """One process, two replicas (2 logical CPU devices): same losses as one replica with the double batch."""
-    run([PY, "-m", "backends.native", "--strategy", "mirrored", "--logical-cpus", "2", "--job", SMOKE,
-         "--results", str(tmp_path), "--quiet"])
-    mir = only_result(tmp_path)
+    # the run tests/test_strategies.py compares central_storage and parameter_server with (fit: the job's mode)
+    mir = runner("native", "--strategy", "mirrored", "--logical-cpus", "2", workers=1)
     assert mir["backend_info"]["strategy"] == "MirroredStrategy"
     assert mir["world_size"] == 2 and mir["num_workers"] == 1 and mir["backend_info"]["replicas_per_worker"] == 2
     assert mir["input"]["path"] == "distributed"  # two local replicas: tf.distribute's input, a batch per replica
@@ -89,15 +88,14 @@ def test_results_record_is_complete(runner):
 
 @pytest.mark.parametrize("kind", ["native", "horovod"])
 @pytest.mark.parametrize("mode", ["fit", "ctl"])
-def test_clock_counts_time_between_steps(tmp_path, kind, mode):
+def test_clock_counts_time_between_steps(runner, kind, mode):
     """A host pause after every step (outside the step call, between two syncs) must be in the throughput: a clock
     that times only the step calls would report far more than global batch / pause images/s."""
-    pause, steps = 0.05, 10
-    run(backend_cmd(kind, tmp_path, "--set", f"mode={mode}", "--set", f"steps={steps}",
-                    "--pause-between-steps", str(pause), workers=1))
-    rec = only_result(tmp_path)
+    # the pause and job of tests/test_input_wait.py's paused runs: native's two runs serve both files
+    pause, steps = 0.03, 12
+    rec = runner(kind, "--set", f"mode={mode}", "--pause-between-steps", str(pause), workers=1)
     timed = rec["step_time"]["timed_steps"]
-    assert timed == steps - 2
+    assert rec["steps"] == steps and timed == steps - 2
     ceiling = rec["global_batch_size"] / pause  # if the steps themselves took no time at all
     assert rec["images_per_sec"] < ceiling, (rec["images_per_sec"], ceiling)
     assert rec["timed_wall_time"] >= timed * pause
@@ -106,11 +104,10 @@ def test_clock_counts_time_between_steps(tmp_path, kind, mode):
 
 @pytest.mark.parametrize("mode", ["fit", "ctl"])
 @pytest.mark.parametrize("option", ["mixed_precision", "xla"])
-def test_mixed_precision_and_xla_train(tmp_path, mode, option):
+def test_mixed_precision_and_xla_train(runner, mode, option):
     """The GPU-oriented options run on both training paths and still learn (CPU: correctness, not speed)."""
-    run([PY, "-m", "backends.native", "--job", SMOKE, "--set", f"mode={mode}", "--set", f"{option}=true",
-         "--set", "steps=20", "--results", str(tmp_path), "--quiet"])
-    rec = only_result(tmp_path)
+    # native's runs of tests/test_parity.py::test_gpu_options_same_math_on_both_backends (2 workers, 12 steps)
+    rec = runner("native", "--set", f"mode={mode}", "--set", f"{option}=true")
     assert rec["job"][option] is True
     losses = rec["step_losses"]
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]

@@ -20,7 +20,7 @@ from tests.conftest import backend_cmd, only_result, run
 from tests.test_report import make_run
 
 SLOW = 0.05  # s each batch waits in the input pipeline with --slow-input
-PAUSE = 0.03  # s the host sleeps after each step with --pause-between-steps
+PAUSE = 0.03  # s the host sleeps after each step with --pause-between-steps (test_backends' clock test: the same)
 
 
 def _input(method: str | None, fraction: float, kept_up: bool | None, bound: str | None = None) -> dict:
@@ -62,7 +62,10 @@ def test_report_shows_the_input_wait_per_row():
 # -- real runs (one process each, CPU) ---------------------------------------------------------------------
 def _run(tmp_path: Path, kind: str, *extra: str) -> dict:
     run(backend_cmd(kind, tmp_path, *extra, workers=1))
-    rec = only_result(tmp_path)
+    return _one_rank(only_result(tmp_path))
+
+
+def _one_rank(rec: dict) -> dict:
     assert rec["input"]["wait_seconds_per_rank"] and len(rec["input"]["wait_seconds_per_rank"]) == 1
     return rec
 
@@ -90,10 +93,11 @@ def test_a_compute_bound_step_kept_up(tmp_path):
     assert 0 <= rec["input"]["wait_fraction"] < 0.05
 
 
-def test_fetch_excludes_and_gap_includes_time_between_steps(tmp_path):
+def test_fetch_excludes_and_gap_includes_time_between_steps(runner):
     """A host pause after every step: not in the custom loop's fetch time, all in fit's "input + between steps"."""
-    ctl = _run(tmp_path / "ctl", "native", "--set", "mode=ctl", "--pause-between-steps", str(PAUSE))
-    fit = _run(tmp_path / "fit", "native", "--set", "mode=fit", "--pause-between-steps", str(PAUSE))
+    # the session's runs (tests/test_backends.py::test_clock_counts_time_between_steps times the same ones)
+    ctl = _one_rank(runner("native", "--set", "mode=ctl", "--pause-between-steps", str(PAUSE), workers=1))
+    fit = _one_rank(runner("native", "--set", "mode=fit", "--pause-between-steps", str(PAUSE), workers=1))
     assert _per_step(ctl) < PAUSE / 3, ctl["input"]
     assert fit["input"]["method"] == "gap" and fit["input"]["measures"] == "input + between steps"
     assert PAUSE <= _per_step(fit) <= fit["step_time"]["mean"], fit["input"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -30,26 +31,50 @@ def _cmd(kind: str, results: Path, *extra: str) -> list[str]:
     return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY, *body]
 
 
+def _preempt_extra(mode: str) -> tuple[str, ...]:
+    return ("--set", f"mode={mode}", "--preempt-check-steps", "1")
+
+
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory: pytest.TempPathFactory):
+    """``(kind, mode)`` -> (the run preempted at step 5, its results dir, a copy of its checkpoints dir), each run
+    once per module. The results dir is the resume test's (resuming deletes the checkpoint); tests that only need
+    a checkpoint read the copy, taken before anything resumed."""
+    cache: dict[tuple[str, str], tuple[subprocess.CompletedProcess[str], Path, Path]] = {}
+
+    def go(kind: str, mode: str) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+        if (kind, mode) not in cache:
+            out = tmp_path_factory.mktemp(f"preempted-{kind}-{mode}")
+            # The chief alone gets SIGTERM after step 5: the others learn it at the next agreement (step 5 as well).
+            first = run(_cmd(kind, out, *_preempt_extra(mode), "--signal-at-step", "5"), check=False)
+            kept = tmp_path_factory.mktemp(f"kept-checkpoints-{kind}-{mode}")
+            if (out / "checkpoints").is_dir():
+                shutil.copytree(out / "checkpoints", kept, dirs_exist_ok=True)
+            cache[(kind, mode)] = (first, out, kept)
+        return cache[(kind, mode)]
+
+    return go
+
+
 @pytest.mark.parametrize("kind", ["native", "horovod"])
 @pytest.mark.parametrize("mode", ["fit", "ctl"])
-def test_preempt_and_resume_gives_identical_weights(runner, tmp_path, kind, mode):
-    extra = ("--set", f"mode={mode}", "--preempt-check-steps", "1")
-    # The chief alone gets SIGTERM after step 5: the others learn it at the next agreement (step 5 as well).
-    first = run(_cmd(kind, tmp_path, *extra, "--signal-at-step", "5"), check=False)
+def test_preempt_and_resume_gives_identical_weights(runner, preempted, kind, mode):
+    extra = _preempt_extra(mode)
+    first, results, _ = preempted(kind, mode)
     if kind == "horovod":  # horovodrun reports any failing rank as its own status 1, naming the rank's code
         assert first.returncode == 1 and "Exit code: 75" in first.stderr, first.stderr[-4000:]
     else:
         assert first.returncode == EXIT_PREEMPTED, first.stdout[-2000:] + first.stderr[-4000:]
-    ckpts = list((tmp_path / "checkpoints").iterdir())
+    ckpts = list((results / "checkpoints").iterdir())
     assert len(ckpts) == 1 and (ckpts[0] / "meta.json").exists()
     meta = json.loads((ckpts[0] / "meta.json").read_text())
     assert meta["step"] == 5 and meta["signal"] == "SIGTERM"
-    assert not list(tmp_path.glob("*.json")), "an interrupted run must not leave a results file"
+    assert not list(results.glob("*.json")), "an interrupted run must not leave a results file"
 
-    run(_cmd(kind, tmp_path, *extra))  # the same command again resumes
-    resumed = only_result(tmp_path)
+    run(_cmd(kind, results, *extra))  # the same command again resumes
+    resumed = only_result(results)
     assert resumed["resumed_from_step"] == 5
-    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+    assert not (results / "checkpoints").exists() or not any((results / "checkpoints").iterdir())
     straight = runner(kind, "--set", f"mode={mode}")
     assert resumed["weights_digest"] == straight["weights_digest"]
     assert first_divergence(resumed["step_losses"], straight["step_losses"], 0.0) is None
@@ -71,10 +96,11 @@ def test_batchnorm_model_resumes_to_the_same_trainable_weights(runner, tmp_path,
     assert first_divergence(resumed["step_losses"], straight["step_losses"], 0.0) is None
 
 
-def test_resume_refuses_another_world_size(tmp_path):
-    first = run(_cmd("native", tmp_path, "--preempt-check-steps", "1", "--signal-at-step", "3"), check=False)
+def test_resume_refuses_another_world_size(preempted, tmp_path):
+    # the 2-worker checkpoint of the resume test's native fit run (a copy: that test resumes the original)
+    first, _, kept = preempted("native", "fit")
     assert first.returncode == EXIT_PREEMPTED
-    ckpt = next((tmp_path / "checkpoints").iterdir())
+    ckpt = next(kept.iterdir())
     proc = run([PY, "-m", "backends.native", "--job", SMOKE, "--results", str(tmp_path / "other"), "--quiet",
                 "--resume-from", str(ckpt)], check=False)
     assert proc.returncode == 2
@@ -157,9 +183,11 @@ def test_native_dead_worker_stops_the_other_by_watchdog(tmp_path, mode):
 def test_killed_rank_under_launcher_ends_everything(tmp_path, kind, mode):
     """--nproc and horovodrun: kill -9 one rank mid-run; every rank and the launcher are gone within 60 s."""
     marker = str(tmp_path)
-    launcher = subprocess.Popen(_cmd(kind, tmp_path, "--set", "steps=100000", "--set", f"mode={mode}"),
-                                cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+    log = tmp_path / "launcher.log"  # a file, not a pipe: read while the run goes on, never full
+    # not --quiet: the chief's "first step done" line says when training has started (below)
+    cmd = [a for a in _cmd(kind, tmp_path, "--set", "steps=100000", "--set", f"mode={mode}") if a != "--quiet"]
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         ranks = {}
@@ -167,7 +195,13 @@ def test_killed_rank_under_launcher_ends_everything(tmp_path, kind, mode):
             ranks = _pids_with(marker)
             time.sleep(0.5)
         assert len(ranks) == 2, f"expected 2 rank processes, found {ranks}"
-        time.sleep(12 if kind == "horovod" else 8)  # let training start
+        # Kill mid-run: once training has started, which the chief's progress line says (hence no --quiet).
+        # A fixed 8 s (native) or 12 s (Horovod) sleep stood here, a guess at how long 2 ranks take to start here.
+        while "first step done" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline and launcher.poll() is None, \
+                f"no 'first step done' (exit {launcher.poll()}):\n{log.read_text(errors='replace')[-3000:]}"
+            time.sleep(0.2)
+        time.sleep(1.0)
         victim = next(pid for pid, env in ranks.items()
                       if env.get("HOROVOD_RANK", env.get("TWINBENCH_LOCAL_RANK")) == "1")
         os.kill(victim, signal.SIGKILL)
@@ -176,7 +210,7 @@ def test_killed_rank_under_launcher_ends_everything(tmp_path, kind, mode):
         while any(_alive(p) for p in ranks) and time.monotonic() - t0 < LOST_WITHIN:
             time.sleep(0.2)
         elapsed = time.monotonic() - t0
-        output = launcher.stdout.read()
+        output = log.read_text(errors="replace")
     finally:
         launcher.kill()
     print(f"{kind}: launcher exited {rc}, all ranks gone {elapsed:.1f} s after the kill")
@@ -187,11 +221,11 @@ def test_killed_rank_under_launcher_ends_everything(tmp_path, kind, mode):
         assert "worker 1" in output and "SIGKILL" in output
 
 
-def test_no_results_file_without_a_finished_run(tmp_path):
+def test_no_results_file_without_a_finished_run(runner):
     """Atomic writes: the results dir holds only complete JSONs (hidden temp files are never left behind)."""
-    run(_cmd("native", tmp_path, "--set", "steps=4"))
-    names = sorted(p.name for p in tmp_path.iterdir())
+    results = runner.results_dir("native")  # the session's plain native run (--nproc 2), only read here
+    names = sorted(p.name for p in results.iterdir())
     # one complete JSON, beside the run's TensorBoard scalars (written after the record)
     assert len(names) == 2 and names[0].endswith(".json") and names[1] == "tensorboard", names
-    hidden = [p for p in tmp_path.rglob(".*")]
+    hidden = [p for p in results.rglob(".*")]
     assert not hidden, hidden
