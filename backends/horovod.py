@@ -28,10 +28,9 @@ from backends.base import (  # noqa: E402
     RankInfo,
     StepPhases,
     Warmup,
-    configure_threads,
-    pin_one_gpu,
 )
 from common import cli  # noqa: E402
+from common.cluster.placement import configure_threads, pin_one_gpu  # noqa: E402
 from common.core.errors import UsageError  # noqa: E402
 
 PROG = "backends.horovod"

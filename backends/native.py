@@ -30,16 +30,14 @@ from backends.base import (  # noqa: E402
     Collective,
     Diagnosis,
     Knob,
-    Pinning,
     RankInfo,
     StepPhases,
     TrainLoop,
-    configure_threads,
-    pin_one_gpu,
     size_text,
 )
 from backends.native_input import per_worker_dataset, worker_slots  # noqa: E402
 from common import cli  # noqa: E402
+from common.cluster.placement import Pinning, configure_threads, pin_one_gpu  # noqa: E402
 from common.core.errors import UsageError  # noqa: E402
 
 PROG = "backends.native"

@@ -285,7 +285,7 @@ def serve_unless_chief(args: argparse.Namespace, prog: str) -> None:
         return
     local_rank = env_int("TWINBENCH_LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
     local_size = env_int("TWINBENCH_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", default=1)
-    # backends.base.configure_threads' share of the cores, without touching this process's eager context
+    # common.cluster.placement.configure_threads' share of the cores, without touching this process's eager context
     threads = args.threads or max(1, len(os.sched_getaffinity(0)) // max(local_size, 1))
     # The chief may take as long to come up as a stalled run to make progress (TF import, tracing): same limit.
     serve(role, local_rank, threads, args.stall_timeout, prog)

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import backends
-from backends.base import CPU_BIND
 from common.cluster.localcluster import start_tf_config_workers
+from common.cluster.placement import CPU_BIND
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable

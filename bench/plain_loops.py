@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import backends
-from backends.base import CPU_BIND
+from common.cluster.placement import CPU_BIND
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -149,7 +149,7 @@ def main() -> int:
     kind = a.kind
     import tensorflow as tf
 
-    from backends.base import configure_threads
+    from common.cluster.placement import configure_threads
 
     if kind == "horovod":
         import horovod.tensorflow as hvd

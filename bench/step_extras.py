@@ -36,7 +36,7 @@ def main() -> int:
     job = load_job(a.job, a.sets)
     import tensorflow as tf
 
-    from backends.base import configure_threads
+    from common.cluster.placement import configure_threads
     from common.training import inputwait
     from common.training.loops import LossRing
     from common.training.train import build_optimizer

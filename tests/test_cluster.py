@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from horovod.runner.util.remote import get_ssh_command
 
-from backends.base import cpu_share
+from common.cluster.placement import cpu_share
 from tests.cluster.emulated import CLUSTER, IMMEDIATE, NODES, Emulated, cluster, sh, start
 from tests.conftest import PY, REPO, base_env
 
@@ -201,7 +201,7 @@ def test_cpus_split_gives_each_node_its_own_share(emu):
         emu.sh("cpus", "shared")
     for how, got in split.items():
         assert sorted(got) == NODES and got == split["run"], f"{how}: {got} (run: {split['run']})"
-    # the same shares a rank takes under --cpu-bind cores (backends.base.cpu_share), nodes for local ranks
+    # the same shares a rank takes under --cpu-bind cores (common.cluster.placement.cpu_share), nodes for local ranks
     assert [_cpu_list(split["run"][node]) for node in NODES] == [cpu_share(k, len(NODES), host) for k in range(2)]
     if len(host) >= len(NODES):
         assert not set(_cpu_list(split["run"]["node1"])) & set(_cpu_list(split["run"]["node2"])), split["run"]

@@ -1,6 +1,6 @@
 """--cpu-bind cores: local ranks that no launcher bound take disjoint shares of the host's CPUs; a mask a launcher
 narrowed (srun --cpu-bind, mpirun) is kept and recorded as the launcher's; the default binds nothing. Real processes,
-no TensorFlow (``backends.base.bind_cpus``); the same through both backends in tests/test_netif.py."""
+no TensorFlow (``common.cluster.placement.bind_cpus``); the same through both backends in tests/test_netif.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from backends.base import cpu_share
+from common.cluster.placement import cpu_share
 from tests.conftest import REPO
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -31,7 +31,7 @@ def test_cpu_share(rank, size, cpus, expected):
 # A thread started before the binding (as Horovod's background thread is, by hvd.init) must end up bound too.
 CHILD = """
 import json, os, threading
-from backends.base import bind_cpus
+from common.cluster.placement import bind_cpus
 started, done = threading.Event(), threading.Event()
 seen = {}
 def early():

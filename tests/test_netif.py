@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from backends import horovod, native_cluster
-from backends.base import cpu_share
 from common.cluster import netif
+from common.cluster.placement import cpu_share
 from common.core.errors import UsageError
 from tests.conftest import REPO, base_env, only_result, run
 

@@ -14,6 +14,7 @@ from typing import Any  # noqa: E402
 
 from backends import base, entrypoint  # noqa: E402
 from common import cli  # noqa: E402
+from common.cluster import placement  # noqa: E402
 
 PROG = "tests.toy_backend"
 Options = base.BaseOptions  # no flags of its own
@@ -42,7 +43,7 @@ class ToyBackend(base.Backend):
     name = "toy"
 
     def _connect(self) -> base.RankInfo:
-        threads, cpus, bound = base.configure_threads(1, 0)
+        threads, cpus, bound = placement.configure_threads(1, 0)
         return base.RankInfo(rank=0, num_workers=1, local_rank=0, local_size=1, replicas_per_worker=1,
                              device="cpu", threads=threads, cpus=tuple(cpus), cpu_bind=bound)
 

@@ -97,7 +97,7 @@ host_cpus() {  # the CPUs this script may use (the host's, or what its own launc
   local part
   for part in $(taskset -c -p $$ | sed 's/.*: //; s/,/ /g'); do seq "${part%-*}" "${part#*-}"; done
 }
-node_cpus() {  # nodeK: its share under `cpus split`, as a taskset list: backends.base.cpu_share's rule (tested)
+node_cpus() {  # nodeK: its share under `cpus split`, as a taskset list: common.cluster.placement.cpu_share's rule (tested)
   local k=${1#node} cpus n per
   mapfile -t cpus < <(host_cpus)
   n=${#cpus[@]}
