@@ -3,7 +3,7 @@
 ``Backend`` is the per-rank half, thirteen groups: ``setup`` (communication and device pinning before any other
 TensorFlow op, returning the rank's frozen ``RankInfo``), ``capabilities`` (the typed record of what shared code
 asks: collective, compression, controller, input path, variant, knobs...), ``describe`` (free-form provenance,
-only displayed), ``scope``, ``make_dataset``, ``wrap_optimizer``, ``fit_callbacks``, the step (``run`` +
+only displayed), ``scope``, ``make_dataset``, ``wrap_optimizer``, ``fit_callbacks``, the step (``run_step`` +
 ``wrap_tape``), the collectives (``allsum``, ``allgather``, ``allreduce_fn``, ``barrier``), the ``Lifecycle`` hooks
 (``before_training``, ``after_first_step``, ``sync_model_state``, ``restore``, ``exit_barrier``, ``shutdown``),
 ``train_loop`` (a loop of the backend's own, or None), ``phases`` (the step split for ``--diagnose breakdown``, or
@@ -207,7 +207,7 @@ class Warmup:
     learning_rate: float
 
 
-TrainLoop = Callable[..., None]  # (job, backend, model, optimizer, dataset, hooks, plan, verbose), as loops.run_ctl
+TrainLoop = Callable[..., None]  # (ctx: RunContext, model, optimizer, dataset, hooks), as loops.run_ctl and run_fit
 
 
 class Lifecycle:
@@ -259,7 +259,7 @@ class Backend(Lifecycle, abc.ABC):
         """Per-rank input: ``dataset_fn(pipeline_index, num_pipelines, replicas_per_pipeline)``."""
 
     @abc.abstractmethod
-    def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
+    def run_step(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         """Run one replica step on every local replica; returns this process's per-replica losses (list)."""
 
     # -- collectives: every rank must call them, at the same step ---------------------------------------------

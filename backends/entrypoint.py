@@ -34,4 +34,4 @@ def run_main(prog: str, t0: float, parser: Callable[[], argparse.ArgumentParser]
         backend.setup()
     except UsageError as e:
         fail(prog, str(e))
-    return runner.run(prog, backend, job, run_opts)
+    return runner.run_to_exit(prog, backend, job, run_opts)

@@ -252,7 +252,7 @@ class HorovodBackend(Backend):
         # op=Sum: the shared loop already divides each replica's loss by the global batch (as MWMS expects).
         return self.htf.DistributedGradientTape(tape, op=self.htf.Sum, compression=self.compression)
 
-    def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
+    def run_step(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         return [step_fn(*batch)]
 
     def phases(self) -> StepPhases | str:

@@ -320,7 +320,7 @@ class NativeBackend(Backend):
 
         return fn
 
-    def run(self, step_fn: Callable[..., Any], batch: Any) -> Any:
+    def run_step(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         out = self.strategy.run(step_fn, args=tuple(batch))
         return list(self.strategy.experimental_local_results(out))
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from backends.base import Backend
 from common.training import inputwait
 from common.training.objective import replica_objective
 from common.workload.job import Job
 
 if TYPE_CHECKING:
-    from common.training.loops import Plan, StepHooks
+    from common.training.context import RunContext
+    from common.training.loops import StepHooks
 
 # Why the record's ``input`` is not measured here.
 INPUT_NOT_MEASURED = ("parameter-server training: each worker fetches its own batches, asynchronously, in steps "
@@ -129,8 +129,7 @@ def _run_fit(model: Any, dataset_fn: Callable[[Any], Any], worker_steps: int, ho
               callbacks=[Scheduled()], verbose=0)
 
 
-def run_ps(job: Job, backend: Backend, model: Any, optimizer: Any, dataset_fn: Callable[[Any], Any],
-           hooks: StepHooks, plan: Plan, verbose: bool) -> None:
+def run_ps(ctx: RunContext, model: Any, optimizer: Any, dataset_fn: Callable[[Any], Any], hooks: StepHooks) -> None:
     """Train on the chief of a parameter-server cluster (``NativeBackend.train_loop``), in ``job.mode``.
 
     ``dataset_fn`` is the per-worker dataset function ``backend.make_dataset`` returned; ``hooks`` records the
@@ -138,13 +137,14 @@ def run_ps(job: Job, backend: Backend, model: Any, optimizer: Any, dataset_fn: C
     """
     import tensorflow as tf
 
+    job, backend, plan = ctx.job, ctx.backend, ctx.plan
     strategy = model.distribute_strategy
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)  # one per strategy (Keras')
     hooks.input_clock = inputwait.NotMeasured(INPUT_NOT_MEASURED)
     fan = backend.num_workers  # worker steps per global step
     run_steps = hooks.run_steps
     progress = None
-    if verbose:
+    if ctx.verbose:
         print(f"[twinbench] parameter-server training (asynchronous): {fan} worker steps of "
               f"{plan.global_batch // fan} samples per global step; the chief joins every {job.sync_every_steps} "
               "steps", flush=True)

@@ -15,7 +15,7 @@ from common.training.runconfig import RunOptions
 from common.workload.job import Job
 
 
-def run(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
+def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
     """Train (or benchmark, or diagnose) on a set-up backend; returns 0, or ends the process with 2, 3 or 75."""
     from common.training.train import train
 

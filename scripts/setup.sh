@@ -189,5 +189,5 @@ else
 fi
 log "ok: $("$VPY" -c 'import tensorflow as tf, tf_keras, horovod
 print("tensorflow", tf.__version__, "tf-keras", tf_keras.__version__, "horovod", horovod.__version__)' 2>/dev/null)," \
-  "horovod patch: $("$VPY" -c 'from common import buildinfo; print(buildinfo.horovod_patch_description())')" \
+  "horovod patch: $("$VPY" -c 'from common.core import buildinfo; print(buildinfo.horovod_patch_description())')" \
   "($( [ $HOROVOD_ONLY = 1 ] && echo "$VPY" || echo "$VENV"), TWINBENCH_TF=$TB_TF)"

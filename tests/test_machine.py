@@ -24,7 +24,7 @@ from common.cluster import machine
 from common.core.results import BreakdownRecord
 from common.report import build_report, machines, summarize
 from common.report.render import format_ratio_table, short_command
-from common.training.loops import Plan
+from common.training.context import Plan, RunContext
 from common.workload.job import Job
 from tests.test_report import make_run, put
 
@@ -143,9 +143,11 @@ def test_records_carry_the_block_through_gather_and_make_record() -> None:
                                   first_step_done=1.0, input_clock=None)
     opts = types.SimpleNamespace(iface=None, t_process_start=0.0, command=("python",))
     resume = types.SimpleNamespace(previous={}, start_step=0)
-    everyone, per_rank, losses = train.gather(backend, built, hooks, opts, resume)
+    ctx = RunContext(job, backend, opts, Plan(4, 0.1, 2, 2, 1))  # type: ignore[arg-type]
+    gathered = train.gather(ctx, built, hooks, resume, "d")
+    everyone = gathered.everyone
     assert everyone[0]["machine"]["cpu"]["logical_cores"] == os.cpu_count()
-    rec = train.make_record(job, backend, opts, Plan(4, 0.1, 2, 2, 1), built, resume, everyone, per_rank, losses, "d")
+    rec = train.make_record(ctx, built, resume, gathered)
     assert rec.machine == machine.combine([everyone[0]["machine"]])
     assert rec.to_dict()["machine"]["shared"]["cpu"]["model"] == everyone[0]["machine"]["cpu"]["model"]
 
@@ -261,7 +263,7 @@ def test_mpi_version_from_mpi4py_else_mpirun(monkeypatch: pytest.MonkeyPatch, tm
 def test_reading_the_mpi_version_does_not_start_mpi() -> None:
     """A native rank has no MPI job to join: reading the library's version must leave MPI uninitialised."""
     pytest.importorskip("mpi4py")
-    code = ("from common import machine; v = machine.mpi_version(); from mpi4py import MPI; "
+    code = ("from common.cluster import machine; v = machine.mpi_version(); from mpi4py import MPI; "
             "print(v is not None, MPI.Is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[1], check=True).stdout.split()

@@ -40,12 +40,12 @@ def test_the_contract_fits_on_a_screen():
     """What a backend author reads: the abstract members, then about a dozen with a default (Lifecycle's six hooks
     among them) and the RankInfo shortcuts; nothing that only one backend means."""
     abstract = sorted(Backend.__abstractmethods__)
-    assert abstract == ["_connect", "allgather", "allreduce_fn", "allsum", "capabilities", "make_dataset", "run"]
+    assert abstract == ["_connect", "allgather", "allreduce_fn", "allsum", "capabilities", "make_dataset", "run_step"]
     public = {n for n in dir(Backend) if not n.startswith("_")}
     shortcuts = {"info", "rank", "num_workers", "num_replicas", "is_chief", "name", "setup"}
-    groups = [{"capabilities"}, {"describe"}, {"scope"}, {"make_dataset"}, {"run", "wrap_tape"}, {"wrap_optimizer"},
-              {"fit_callbacks"}, {"train_loop"}, {"allsum", "allgather", "allreduce_fn", "barrier"}, {"phases"},
-              {"start_timeline", "stop_timeline"},
+    groups = [{"capabilities"}, {"describe"}, {"scope"}, {"make_dataset"}, {"run_step", "wrap_tape"},
+              {"wrap_optimizer"}, {"fit_callbacks"}, {"train_loop"}, {"allsum", "allgather", "allreduce_fn", "barrier"},
+              {"phases"}, {"start_timeline", "stop_timeline"},
               {"before_training", "after_first_step", "sync_model_state", "restore", "exit_barrier", "shutdown"}]
     assert public - shortcuts == set().union(*groups) and len(groups) + 1 == 13  # + setup
     assert not public & {"uses_coordinator", "variant", "profiler_caveat", "input_path", "gradient_bytes", "knobs",

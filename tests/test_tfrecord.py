@@ -127,7 +127,7 @@ def test_counts_records_from_the_framing_and_caches_the_index(tmp_path, monkeypa
 
 def test_counting_does_not_import_tensorflow(tmp_path):
     write_shards(tmp_path, [3, 4])
-    code = ("import sys; from common import data; from common.workload.job import Job; "
+    code = ("import sys; from common.workload import data; from common.workload.job import Job; "
             f"print(data.dataset_info(Job(dataset='tfrecord', data_dir=sys.argv[1], image_shape={SHAPE}))[0]); "
             "assert 'tensorflow' not in sys.modules")
     env = {**base_env(), "TWINBENCH_CACHE": str(tmp_path / "cache")}

@@ -53,7 +53,7 @@ class ToyBackend(base.Backend):
     def make_dataset(self, dataset_fn: Any) -> Any:
         return dataset_fn(0, 1, 1)
 
-    def run(self, step_fn: Any, batch: Any) -> Any:
+    def run_step(self, step_fn: Any, batch: Any) -> Any:
         return [step_fn(*batch)]
 
     def allsum(self, values: list[float]) -> list[float]:

@@ -35,7 +35,7 @@ from common.cluster import machine
 from common.core import results as res
 from common.core.errors import UsageError
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord
-from common.training.loops import Plan
+from common.training.context import Plan, RunContext
 from common.training.objective import lr_at_step, replica_objective
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
@@ -127,7 +127,7 @@ def run_breakdown(job: Job, backend: Backend, opts: RunOptions) -> BreakdownReco
 def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any) -> BreakdownRecord | None:
     from common.training import train
 
-    built = train.build(job, backend, plan)
+    built = train.build(RunContext(job, backend, opts, plan))
     dataset = backend.make_dataset(
         lambda index, count, per: data_mod.make_train_dataset(job, plan.global_batch, index, count, per, 0))
     backend.before_training(built.model)
@@ -227,7 +227,7 @@ def _make_step(job: Job, backend: Backend, model: Any, optimizer: Any, plan: Pla
         t0 = tf.timestamp()
         with tf.control_dependencies([t0]):  # the batch is asked for after t0
             batch = next(iterator)
-        row = backend.run(replica, batch)[0]  # one replica per process (checked)
+        row = backend.run_step(replica, batch)[0]  # one replica per process (checked)
         slot = tf.cast(counter % ring.shape[0], tf.int32)
         written = ring.scatter_nd_update([[slot]], [tf.concat([[t0], row], 0)])
         with tf.control_dependencies([written]):

@@ -19,20 +19,10 @@ from typing import Any
 from backends.base import Backend, Warmup
 from common.training import inputwait
 from common.training import reliability as rel
+from common.training.context import Plan, RunContext
 from common.training.objective import lr_at_step, replica_objective
 from common.training.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS, RunOptions
 from common.workload.job import Job
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The run's derived sizes: what the chief prints at start and both loops follow."""
-
-    global_batch: int
-    learning_rate: float  # scaled for the replica count (job.lr_scaling)
-    steps_per_epoch: int
-    total_steps: int
-    replicas: int
 
 
 @dataclass
@@ -72,6 +62,13 @@ class StepHooks:
     label: str = ""  # <backend>-<mode>-n<replicas>: names this run's profile directory
     trace: Any = None  # common.training.observe.Trace under --profile-steps
     progress: Any = None  # common.training.observe.Progress on a verbose chief
+
+    @classmethod
+    def for_run(cls, ctx: RunContext, start_step: int, preemption: rel.Preemption,
+                watchdog: rel.Watchdog | None) -> StepHooks:
+        """The hooks of one run, its schedule taken from the job and the plan."""
+        return cls(ctx.backend, ctx.opts, start_step, ctx.plan.total_steps, ctx.job.sync_interval,
+                   ctx.job.warmup_interval, preemption, watchdog, global_batch=ctx.plan.global_batch, label=ctx.label)
 
     def __post_init__(self) -> None:
         from common.training import observe
@@ -321,8 +318,9 @@ def twin_model_class() -> Any:
     return TwinModel
 
 
-def run_fit(job: Job, backend: Backend, model: Any, dataset: Any, hooks: StepHooks, plan: Plan,
-            verbose: bool) -> None:
+def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks) -> None:
+    """Keras ``fit`` for the run's steps (``optimizer`` is the compiled model's: fit reads it from the model)."""
+    job, backend, plan = ctx.job, ctx.backend, ctx.plan
     StepRecorder, WarmupLR = _fit_callback_classes()
     # The backend's own warm-up callback counts Keras epochs from 0: only offered for a run that starts at step 0.
     offer = Warmup(job.warmup_epochs, plan.steps_per_epoch, plan.learning_rate) \
@@ -337,7 +335,7 @@ def run_fit(job: Job, backend: Backend, model: Any, dataset: Any, hooks: StepHoo
     callbacks.append(StepRecorder(hooks, ring))
     hooks.start_clock()
     model.fit(dataset, epochs=math.ceil(hooks.run_steps / plan.steps_per_epoch),
-              steps_per_epoch=plan.steps_per_epoch, callbacks=callbacks, verbose=2 if verbose else 0)
+              steps_per_epoch=plan.steps_per_epoch, callbacks=callbacks, verbose=2 if ctx.verbose else 0)
 
 
 # -- custom loop --------------------------------------------------------------------------------------------
@@ -365,10 +363,11 @@ def _ctl_step_fn(job: Job, backend: Backend, model: Any, optimizer: Any, plan: P
     return step_fn
 
 
-def run_ctl(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks,
-            plan: Plan) -> None:
+def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks) -> None:
+    """The custom loop: one tf.function step per global step, the host reading the device only at syncs."""
     import tensorflow as tf
 
+    job, backend, plan = ctx.job, ctx.backend, ctx.plan
     step_fn = _ctl_step_fn(job, backend, model, optimizer, plan)
     iterator = iter(dataset)
     ring = LossRing(hooks.sync_every, backend.info.replicas_per_worker)
@@ -379,7 +378,7 @@ def run_ctl(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any
     def train_step() -> Any:
         # The iterator is captured, not passed: a (distributed) iterator argument costs a structure check per call.
         batch = clock.fetch(lambda: next(iterator), counter)  # timed on the device: how long the batch took
-        written = ring.write(counter, backend.run(step_fn, batch))
+        written = ring.write(counter, backend.run_step(step_fn, batch))
         with tf.control_dependencies([written]):
             return counter.assign_add(1)
 

@@ -26,7 +26,8 @@ from common.core import results as res
 from common.core.errors import PeerLost, Preempted, UsageError
 from common.training import inputwait, loops, objective, observe
 from common.training import reliability as rel
-from common.training.loops import Plan, StepHooks
+from common.training.context import Plan, RunContext
+from common.training.loops import StepHooks
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
 from common.workload.job import Job
@@ -59,6 +60,16 @@ class Built:
     checkpoint: Any
 
 
+@dataclass(frozen=True)
+class Gathered:
+    """Every rank's measurements after the loop (one allgather) and the losses they make, resumed steps included."""
+
+    everyone: list[dict[str, Any]]  # one dict per rank, in rank order (``gather``)
+    per_rank_losses: list[list[float]]  # each rank's loss of every step since step 0
+    step_losses: list[float]  # their mean per step
+    init_digest: str  # the weights the run started from (at step 0, through resumes)
+
+
 @dataclass
 class Resume:
     start_step: int  # global steps already done
@@ -73,12 +84,12 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> res.RunRecord | None:
     Raises ``Preempted`` after writing a checkpoint on SIGTERM/SIGUSR1, ``UsageError`` when a checkpoint cannot
     resume this run, and ``PeerLost`` when a collective failed because a peer no longer answers.
     """
-    plan = make_plan(job, backend)
-    announce(job, backend, plan, opts)
+    ctx = RunContext(job, backend, opts, make_plan(job, backend))
+    announce(ctx)
     preemption = rel.Preemption()  # SIGTERM/SIGUSR1 handlers first: from here on a signal means "checkpoint"
     heartbeat, watchdog = start_watchdog(backend, opts)
     with peer_loss_as_error(watchdog):
-        return _run(job, backend, opts, plan, preemption, watchdog, heartbeat)
+        return _train(ctx, preemption, watchdog, heartbeat)
 
 
 @contextlib.contextmanager
@@ -97,32 +108,24 @@ def peer_loss_as_error(watchdog: rel.Watchdog | None) -> Iterator[None]:
         raise PeerLost(lost, e) from e
 
 
-def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, preemption: rel.Preemption,
-         watchdog: rel.Watchdog | None, heartbeat: rel.Heartbeat | None) -> res.RunRecord | None:
-    built = build(job, backend, plan)
-    resume = find_resume(job, backend, built, plan, opts)
+def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog | None,
+           heartbeat: rel.Heartbeat | None) -> res.RunRecord | None:
+    job, backend, opts, plan = ctx.job, ctx.backend, ctx.opts, ctx.plan
+    built = build(ctx)
+    resume = find_resume(ctx, built)
     dataset = backend.make_dataset(
         lambda index, count, per: inputwait.slowed(data_mod.make_train_dataset(
             job, plan.global_batch, index, count, per, resume.start_step), opts.slow_input))
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
-    hooks = StepHooks(backend, opts, resume.start_step, plan.total_steps, job.sync_interval, job.warmup_interval,
-                      preemption, watchdog, global_batch=plan.global_batch,
-                      label=f"{backend.name}-{job.mode}-n{plan.replicas}")
-    verbose = opts.verbose and backend.is_chief
-    own_loop = backend.train_loop()
-    if own_loop is not None:
-        own_loop(job, backend, built.model, built.optimizer, dataset, hooks, plan, verbose)
-    elif job.mode == "fit":
-        loops.run_fit(job, backend, built.model, dataset, hooks, plan, verbose)
-    else:
-        loops.run_ctl(job, backend, built.model, built.optimizer, dataset, hooks, plan)
+    hooks = StepHooks.for_run(ctx, resume.start_step, preemption, watchdog)
+    loop = backend.train_loop() or (loops.run_fit if job.mode == "fit" else loops.run_ctl)
+    loop(ctx, built.model, built.optimizer, dataset, hooks)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
     backend.sync_model_state(built.model)
-    everyone, per_rank_losses, step_losses = gather(backend, built, hooks, opts, resume)
+    gathered = gather(ctx, built, hooks, resume, init_digest)
     if hooks.stopped_at is not None:
-        write_checkpoint(job, backend, built.checkpoint, resume.own_dir, plan.replicas, hooks, per_rank_losses,
-                         step_losses, init_digest)
+        write_checkpoint(ctx, built.checkpoint, resume.own_dir, hooks, gathered)
         if watchdog is not None:
             watchdog.stop()
         raise Preempted(f"{preemption.signalled or 'a signal'} on some rank: stopped after step {hooks.stopped_at}"
@@ -133,8 +136,7 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, preemption: r
         heartbeat.close()
     if not backend.is_chief:
         return None
-    record = make_record(job, backend, opts, plan, built, resume, everyone, per_rank_losses, step_losses,
-                         init_digest)
+    record = make_record(ctx, built, resume, gathered)
     publish(record, opts, resume, hooks.trace)
     return record
 
@@ -153,12 +155,13 @@ def make_plan(job: Job, backend: Backend) -> Plan:
     return Plan(job.global_batch_size(replicas), job.scaled_learning_rate(replicas), spe, total, replicas)
 
 
-def announce(job: Job, backend: Backend, plan: Plan, opts: RunOptions) -> None:
+def announce(ctx: RunContext) -> None:
     """The chief prints the derived global batch and learning rate before anything else happens."""
+    job, backend, plan, opts = ctx.job, ctx.backend, ctx.plan, ctx.opts
     reason = observe.check_profile_steps(opts.profile_steps, plan.total_steps)
     if reason:  # on every rank: all of them exit 2
         raise UsageError(reason)
-    if not (opts.verbose and backend.is_chief):
+    if not ctx.verbose:
         return
     info, replicas, lr = backend.info, plan.replicas, plan.learning_rate
     n_samples, _, _ = data_mod.dataset_info(job)
@@ -181,10 +184,11 @@ def start_watchdog(backend: Backend, opts: RunOptions) -> tuple[rel.Heartbeat | 
     return heartbeat, rel.Watchdog(backend.rank, peers, opts.peer_timeout, opts.stall_timeout).start()
 
 
-def build(job: Job, backend: Backend, plan: Plan) -> Built:
+def build(ctx: RunContext) -> Built:
     """Model and optimizer under the backend's scope, with optimizer slots created (so a checkpoint can load)."""
     import tensorflow as tf
 
+    job, backend = ctx.job, ctx.backend
     from common.workload import models as models_mod
 
     _, input_shape, num_classes = data_mod.dataset_info(job)
@@ -193,7 +197,7 @@ def build(job: Job, backend: Backend, plan: Plan) -> Built:
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
     with backend.scope():
         inner = models_mod.build_model(job, input_shape, num_classes)
-        optimizer = backend.wrap_optimizer(build_optimizer(job, plan.learning_rate), job.mode)
+        optimizer = backend.wrap_optimizer(build_optimizer(job, ctx.plan.learning_rate), job.mode)
         if job.mode == "fit":
             model = _compile_for_fit(job, backend, inner, optimizer)
         else:
@@ -224,8 +228,9 @@ def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> 
     return model
 
 
-def find_resume(job: Job, backend: Backend, built: Built, plan: Plan, opts: RunOptions) -> Resume:
+def find_resume(ctx: RunContext, built: Built) -> Resume:
     """Resume from a checkpoint when there is one: the chief decides (its view of the results dir), all follow."""
+    job, backend, plan, opts = ctx.job, ctx.backend, ctx.plan, ctx.opts
     own_dir = rel.ckpt_dir(opts.results_dir or ".", backend.name, plan.replicas, job.job_hash,
                            backend.capabilities().variant)
     source = Path(opts.resume_from) if opts.resume_from else own_dir
@@ -238,14 +243,14 @@ def find_resume(job: Job, backend: Backend, built: Built, plan: Plan, opts: RunO
     if reason:
         raise UsageError(reason)
     backend.restore(built.checkpoint, str(source / "ckpt"), built.model, built.optimizer)
-    if opts.verbose and backend.is_chief:
+    if ctx.verbose:
         print(f"[twinbench] resuming from {source} at step {int(meta['step'])}/{plan.total_steps}", flush=True)
     return Resume(int(meta["step"]), meta, source, own_dir)
 
 
-def gather(backend: Backend, built: Built, hooks: StepHooks, opts: RunOptions,
-           resume: Resume) -> tuple[list[dict[str, Any]], list[list[float]], list[float]]:
+def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init_digest: str) -> Gathered:
     """Every rank's measurements on every rank (one collective, after the timed loop), and the global losses."""
+    backend, opts = ctx.backend, ctx.opts
     mine = {
         "host": res.hostname(),
         "local_rank": backend.info.local_rank,
@@ -268,13 +273,13 @@ def gather(backend: Backend, built: Built, hooks: StepHooks, opts: RunOptions,
     per_rank_losses = [p + r["losses"] for p, r in zip(prev_rank_losses, everyone)]
     steps_done = min(len(r) for r in per_rank_losses)
     step_losses = [sum(r[i] for r in per_rank_losses) / len(per_rank_losses) for i in range(steps_done)]
-    return everyone, per_rank_losses, step_losses
+    return Gathered(everyone, per_rank_losses, step_losses, init_digest)
 
 
-def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built: Built, resume: Resume,
-                everyone: list[dict[str, Any]], per_rank_losses: list[list[float]], step_losses: list[float],
-                init_digest: str) -> res.RunRecord:
+def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathered) -> res.RunRecord:
     """The chief's results record (schema in ``common.core.results``)."""
+    job, backend, opts, plan = ctx.job, ctx.backend, ctx.opts, ctx.plan
+    everyone = gathered.everyone
     stats = res.throughput_stats([r["clock_marks"] for r in everyone], plan.global_batch, everyone[0]["warm"],
                                  job.sync_interval)
     n_params = int(sum(int(math.prod(v.shape)) for v in built.model.trainable_variables))
@@ -291,8 +296,8 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
         learning_rate=plan.learning_rate,
         steps=plan.total_steps,
         steps_per_epoch=plan.steps_per_epoch,
-        step_losses=step_losses,
-        per_rank_step_losses=per_rank_losses,
+        step_losses=gathered.step_losses,
+        per_rank_step_losses=gathered.per_rank_losses,
         **stats,
         per_rank_sync_marks=[r["clock_marks"] for r in everyone],
         time_to_first_step=max(r["time_to_first_step"] for r in everyone),
@@ -306,7 +311,7 @@ def make_record(job: Job, backend: Backend, opts: RunOptions, plan: Plan, built:
         run_id=res.new_run_id(),
         trainable_params=n_params,
         gradient_bytes=caps.gradient_bytes(n_params),  # bytes allreduced per step: the scaling model's S
-        initial_weights_digest=init_digest,
+        initial_weights_digest=gathered.init_digest,
         weights_digest=everyone[0]["final_digest"],
         trainable_weights_digest=everyone[0]["trainable_digest"],  # without BatchNorm statistics
         # The replicas trained in lockstep: identical trainable weights on every rank.
@@ -349,9 +354,9 @@ def publish(record: res.RunRecord, opts: RunOptions, resume: Resume, trace: obse
             resume.own_dir.parent.rmdir()  # only if no other run's checkpoint is there
 
 
-def write_checkpoint(job: Job, backend: Backend, ckpt: Any, final: Path, replicas: int, hooks: StepHooks,
-                     per_rank_losses: list[list[float]], step_losses: list[float], init_digest: str) -> None:
+def write_checkpoint(ctx: RunContext, ckpt: Any, final: Path, hooks: StepHooks, gathered: Gathered) -> None:
     """Weights + optimizer state + where the data stream stands, published atomically by the chief."""
+    job, backend = ctx.job, ctx.backend
     tmp = final.parent / f".{final.name}.tmp-rank{backend.rank}"
     writes = backend.is_chief or backend.capabilities().every_rank_writes_checkpoint
     if writes:
@@ -362,10 +367,10 @@ def write_checkpoint(job: Job, backend: Backend, ckpt: Any, final: Path, replica
         ckpt.write(str(tmp / "ckpt"))
     if backend.is_chief:
         meta = {
-            "job_hash": job.job_hash, "job_name": job.name, "backend": backend.name, "world_size": replicas,
-            "step": hooks.stopped_at, "step_losses": step_losses, "per_rank_step_losses": per_rank_losses,
-            "initial_weights_digest": init_digest, "signal": hooks.preemption.signalled,
-            "created": res.now_iso(),
+            "job_hash": job.job_hash, "job_name": job.name, "backend": backend.name, "world_size": ctx.plan.replicas,
+            "step": hooks.stopped_at, "step_losses": gathered.step_losses,
+            "per_rank_step_losses": gathered.per_rank_losses, "initial_weights_digest": gathered.init_digest,
+            "signal": hooks.preemption.signalled, "created": res.now_iso(),
         }
         (tmp / "meta.json").write_text(json.dumps(meta))  # written last: its presence marks a complete checkpoint
         rel.publish_dir(tmp, final)

@@ -1,0 +1,41 @@
+"""One run's context: what every named step of ``common.training.train`` and both loops read (the job, the set-up
+backend, the runtime options and the derived sizes), made once per run instead of passed as long parameter lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.base import Backend
+from common.training.runconfig import RunOptions
+from common.workload.job import Job
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run's derived sizes: what the chief prints at start and both loops follow."""
+
+    global_batch: int
+    learning_rate: float  # scaled for the replica count (job.lr_scaling)
+    steps_per_epoch: int
+    total_steps: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The job (what is trained), the backend after ``setup`` (how), the runtime options and the plan."""
+
+    job: Job
+    backend: Backend
+    opts: RunOptions
+    plan: Plan
+
+    @property
+    def verbose(self) -> bool:
+        """Does this process print progress (the chief, unless --quiet)."""
+        return self.opts.verbose and self.backend.is_chief
+
+    @property
+    def label(self) -> str:
+        """<backend>-<mode>-n<replicas>: names the run's profile directory."""
+        return f"{self.backend.name}-{self.job.mode}-n{self.plan.replicas}"
