@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # common/core/buildinfo.py -> the repository
 MARKER_NAME = "twinbench-build.json"
 HOROVOD_VERSION = "0.28.1"  # scripts/setup.sh builds this one (tests/test_environment.py checks they agree)
 REQUIREMENTS = "requirements.txt"  # the default set-up; requirements-tf*.txt are the fallbacks
