@@ -28,13 +28,21 @@ def base_env() -> dict[str, str]:
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "PYTHONPATH": str(REPO),
+        # tests/aids: the test aids every started process loads (sitecustomize.py; inert unless asked for)
+        "PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'aids'}",
         "PATH": f"{BIN}:{env.get('PATH', '')}",
     })
     env.pop("TF_CONFIG", None)
     for k in [k for k in env if k.startswith(("SLURM_", "OMPI_COMM_WORLD", "PMIX_", "HOROVOD_"))]:
         env.pop(k)
     return env
+
+
+def signal_env(step: int) -> dict[str, str]:
+    """``base_env`` for a run whose chief gets SIGTERM after global step ``step`` (tests/aids/signal_aid.py)."""
+    from tests.aids.signal_aid import ENV
+
+    return {**base_env(), ENV: str(step)}
 
 
 def run(cmd: list[str], *, timeout: int = RUN_TIMEOUT, env: dict[str, str] | None = None,

@@ -8,6 +8,7 @@ import pytest
 from common.training import loops
 from common.training.reliability import Preemption
 from common.training.runconfig import RunOptions
+from tests.aids import signal_aid
 
 
 class FakeBackend:
@@ -42,9 +43,12 @@ def drive(monkeypatch: pytest.MonkeyPatch, steps: int, step_s: float, *, sync_ev
     clock = FakeClock()
     monkeypatch.setattr(loops.time, "perf_counter", clock)
     backend = FakeBackend()
-    opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=check,
-                      signal_at_step=signal_at)
-    hooks = loops.StepHooks(backend, opts, start, steps, sync_every, warm, preemption or Preemption(),
+    opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=check)
+    hooks_class = loops.StepHooks
+    if signal_at:  # the test aid the started processes load (tests/aids), on a subclass: StepHooks stays as is
+        hooks_class = type("SignallingHooks", (loops.StepHooks,), {})
+        signal_aid.patch(hooks_class, signal_at)
+    hooks = hooks_class(backend, opts, start, steps, sync_every, warm, preemption or Preemption(),
                             None)  # type: ignore[arg-type]
     backend.hooks = hooks
     hooks.start_clock()
@@ -100,10 +104,10 @@ def test_a_signal_stops_training_at_the_next_agreement(monkeypatch):
 
 
 def test_signal_aid_fires_once_and_not_again_after_a_resume(monkeypatch):
-    """--signal-at-step S: SIGTERM in the run whose sync covers step S; the resumed run (same command) starts past
-    S and must not signal itself again (a Slurm requeue would loop)."""
+    """The signal aid at step S (tests/aids/signal_aid.py): SIGTERM in the run whose sync covers step S; the
+    resumed run (same command) starts past S and must not signal itself again (a Slurm requeue would loop)."""
     sent: list[int] = []
-    monkeypatch.setattr(loops.os, "kill", lambda pid, sig: sent.append(sig))
+    monkeypatch.setattr(signal_aid.os, "kill", lambda pid, sig: sent.append(sig))
     drive(monkeypatch, 12, 0.001, check=2, signal_at=3)
     assert len(sent) == 1
     drive(monkeypatch, 12, 0.001, check=2, signal_at=3, start=4)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from common.cluster.localcluster import loopback_workers, tf_config
-from tests.conftest import BIN, PY, REPO, SMOKE, base_env, first_divergence, only_result, run
+from tests.conftest import BIN, PY, REPO, SMOKE, base_env, first_divergence, only_result, run, signal_env
 
 pytestmark = pytest.mark.distributed
 EXIT_PREEMPTED = 75
@@ -46,7 +46,7 @@ def preempted(tmp_path_factory: pytest.TempPathFactory):
         if (kind, mode) not in cache:
             out = tmp_path_factory.mktemp(f"preempted-{kind}-{mode}")
             # The chief alone gets SIGTERM after step 5: the others learn it at the next agreement (step 5 as well).
-            first = run(_cmd(kind, out, *_preempt_extra(mode), "--signal-at-step", "5"), check=False)
+            first = run(_cmd(kind, out, *_preempt_extra(mode)), check=False, env=signal_env(5))
             kept = tmp_path_factory.mktemp(f"kept-checkpoints-{kind}-{mode}")
             if (out / "checkpoints").is_dir():
                 shutil.copytree(out / "checkpoints", kept, dirs_exist_ok=True)
@@ -86,7 +86,7 @@ def test_batchnorm_model_resumes_to_the_same_trainable_weights(runner, tmp_path,
     trainable weights can be bit-identical after a resume; they must be, and the losses too."""
     job = ("--set", "mode=fit", "--set", "model=resnet20", "--set", "steps=6")  # as in test_parity: one cached run
     extra = (*job, "--preempt-check-steps", "1")
-    first = run(_cmd(kind, tmp_path, *extra, "--signal-at-step", "3"), check=False)
+    first = run(_cmd(kind, tmp_path, *extra), check=False, env=signal_env(3))
     assert first.returncode == (1 if kind == "horovod" else EXIT_PREEMPTED), first.stderr[-3000:]
     run(_cmd(kind, tmp_path, *extra))
     resumed = only_result(tmp_path)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from common.report import load_runs
+from tests.aids.signal_aid import ENV
 from tests.conftest import PY, REPO, SMOKE, base_env, first_divergence, only_result, run
 
 RTOL = 1e-5
@@ -289,13 +290,13 @@ def test_sbatch_bad_hvd_launch_fails_cleanly(cluster, tmp_path):
 
 @distributed
 def test_sbatch_preempted_run_requeues_itself_and_resumes(cluster, tmp_path_factory, sweep):
-    """SIGTERM mid-run (the backends' test hook): checkpoint, exit 75, the script requeues the job, the same
+    """SIGTERM mid-run (tests/aids/signal_aid.py): checkpoint, exit 75, the script requeues the job, the same
     command resumes and ends with the losses and weights of the uninterrupted run (the sweep's horovod-n1)."""
     def make():
         out = tmp_path_factory.mktemp("sbatch_requeue")
         info = cluster.sbatch(["--cpus-per-task=2", str(REPO / "jobs" / "slurm" / "horovod.sbatch"), SMOKE,
-                               str(out / "res"), "--quiet", "--signal-at-step", "3", "--preempt-check-steps", "2"],
-                              out / "job.out", TWINBENCH_REPO=str(REPO))
+                               str(out / "res"), "--quiet", "--preempt-check-steps", "2"],
+                              out / "job.out", TWINBENCH_REPO=str(REPO), **{ENV: "3"})
         return info, out
     info, out = cluster.once("sbatch_requeue", make)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info["log"][-3000:]

@@ -17,7 +17,7 @@ from backends.native_ps import sync_points
 from common.cluster import localcluster
 from common.core.errors import UsageError
 from common.report.summary import row_label
-from tests.conftest import PY, REPO, SMOKE, base_env, only_result, run
+from tests.conftest import PY, REPO, SMOKE, base_env, only_result, run, signal_env
 
 PS_TF_CONFIG = ('{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, '
                 '"task": {"type": "%s", "index": %d}}')
@@ -235,8 +235,7 @@ def test_a_run_of_another_strategy_never_resumes_its_checkpoint(tmp_path):
     """one_device preempted at step 2 leaves its checkpoint; the default strategy's run of the same job and world
     size in the same results dir starts from step 0 (and leaves that checkpoint alone); one_device then resumes."""
     base = [PY, "-m", "backends.native", "--job", SMOKE, "--set", "mode=ctl", "--results", str(tmp_path), "--quiet"]
-    first = run([*base, "--strategy", "one_device", "--preempt-check-steps", "1", "--signal-at-step", "2"],
-                check=False)
+    first = run([*base, "--strategy", "one_device", "--preempt-check-steps", "1"], check=False, env=signal_env(2))
     assert first.returncode == 75, first.stderr[-3000:]
     [ckpt] = (tmp_path / "checkpoints").iterdir()
     assert ckpt.name.endswith("-one_device")
@@ -342,7 +341,7 @@ def test_parameter_server_preempted_chief_checkpoints_and_resumes(ps_run, tmp_pa
     the same command resumes. With one worker the resumed run must end as the uninterrupted one."""
     cmd = [PY, "-m", "backends.native", "--strategy", "parameter_server", "--ps", "1", "--job", SMOKE, "--set",
            "mode=ctl", "--set", "sync_every_steps=5", "--results", str(tmp_path), "--quiet"]
-    first = run([*cmd, "--signal-at-step", "2"], check=False)
+    first = run(cmd, check=False, env=signal_env(2))
     assert first.returncode == 75, first.stderr[-3000:]
     assert [p for p in (tmp_path / "checkpoints").iterdir()] and _processes_mentioning(str(tmp_path)) == []
     run(cmd)

@@ -9,8 +9,6 @@ the global mean.
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 import types
 from dataclasses import dataclass, field
@@ -132,7 +130,6 @@ class StepHooks:
     def sync_due(self) -> bool:
         """Must the host wait for the device now (after ``dispatched`` steps)? Same answer on every rank."""
         d, last = self.dispatched, self.synced
-        signal_step = self.opts.signal_at_step - self.start_step
 
         def crossed(step: int) -> bool:
             return last < step <= d
@@ -140,12 +137,10 @@ class StepHooks:
         # an explicit --preempt-check-steps may ask for agreements between the regular syncs
         asked = self.opts.preempt_check_steps and d - self._last_check >= self.opts.preempt_check_steps
         return bool(last == 0 or d >= self.run_steps or d % self.sync_every == 0 or crossed(self.warm) or asked
-                    or (signal_step > 0 and crossed(signal_step))
                     or (self.trace is not None and self.trace.due(last, d)))
 
     def sync(self, losses: list[float]) -> bool:
         """Record a block just read (the read waited for its steps); True when training must stop now."""
-        before = self.start_step + self.synced  # global steps already seen at the previous sync
         if self.trace is not None:
             self.trace.update(self.dispatched)  # before the mark: starting or writing a trace is never timed
         self.marks.append((self.dispatched, time.perf_counter()))
@@ -164,9 +159,6 @@ class StepHooks:
             line = self.progress.at_sync(self.dispatched, self.marks[-1][1], self.losses[-1] if losses else None)
             if line:
                 print(line, flush=True)
-        if before < self.opts.signal_at_step <= done and self.backend.is_chief:
-            # once, in the run whose block contains that step: a resumed run (same command) starts past it
-            os.kill(os.getpid(), signal.SIGTERM)
         if self.dispatched >= self.run_steps:
             return True
         if self.dispatched - self._last_check >= self.check_every:

@@ -32,7 +32,6 @@ class RunOptions:
     peer_timeout: float = PEER_TIMEOUT  # see common.training.reliability
     stall_timeout: float = STALL_TIMEOUT  # see common.training.reliability
     preempt_check_steps: int = 0  # agree on a pending SIGTERM/SIGUSR1 every N steps (0: about once a second)
-    signal_at_step: int = 0  # testing aid: the chief sends itself SIGTERM after this global step (0 = never)
     pause_between_steps: float = 0.0  # testing aid: host sleep (s) after each step, which the clock must count
     # testing aid: each batch sleeps (s) in the input pipeline (common.training.inputwait.slowed)
     slow_input: float = 0.0
