@@ -132,8 +132,7 @@ _FIELD_NAMES = frozenset(FIELDS)
 REQUIRED: dict[str, tuple[type, ...]] = _required_fields()  # what a reader requires (derived, never listed)
 
 
-# -- the --diagnose breakdown record (common.diagnostics.breakdown)
-# --------------------------------------------------------
+# -- the --diagnose breakdown record (common.diagnostics.breakdown) ---------------------------------------------
 BREAKDOWN_PHASES = ("input", "compute", "comm", "apply", "rest")  # in step order; they sum to the step time
 
 

@@ -126,8 +126,7 @@ def write_report(results_dir: str | os.PathLike[str], out_dir: str | os.PathLike
                         allow_mixed_versions=allow_mixed_versions).paths
 
 
-# -- the --diagnose breakdown section (common.diagnostics.breakdown writes the records)
-# -------------------------------------
+# -- the --diagnose breakdown section (common.diagnostics.breakdown writes the records) -----------------------
 PHASE_WORDS = {"input": "input", "compute": "compute (forward + backward)", "comm": "gradient communication",
                "apply": "the optimizer update", "rest": "the rest (between steps)"}
 BREAKDOWN_METHOD = (

@@ -197,8 +197,7 @@ def load_allreduce(results_dir: str | os.PathLike[str], *, warn: Callable[[str],
 def load_breakdowns(results_dir: str | os.PathLike[str], *,
                     warn: Callable[[str], None] = warn) -> list[BreakdownRecord]:
     """The ``kind: breakdown`` JSONs (``--diagnose breakdown``, common.diagnostics.breakdown) under ``results_dir``,
-    oldest
-    first; an unreadable one is skipped with a warning naming the file."""
+    oldest first; an unreadable one is skipped with a warning naming the file."""
     out = []
     for path, d in _of_kind(results_dir, "breakdown"):
         try:

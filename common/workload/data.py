@@ -1,8 +1,7 @@
 """Training data for both backends: dispatch to the dataset registry, and the one sharded tf.data pipeline.
 
-Which datasets exist, their files, checks, info and loaders live in ``common.workload.datasets`` (one entry per dataset,
-in
-``DATASETS``); this module looks a job's dataset up there. ``dataset_info`` and ``load_arrays`` never import
+Which datasets exist, their files, checks, info and loaders live in ``common.workload.datasets`` (one entry per
+dataset, in ``DATASETS``); this module looks a job's dataset up there. ``dataset_info`` and ``load_arrays`` never import
 TensorFlow, so a bad ``data_dir`` is rejected before TF starts; only ``make_train_dataset`` imports it.
 
 Parity rule (both backends call ``make_train_dataset``; see its docstring): one global shuffle of the whole
