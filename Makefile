@@ -9,7 +9,8 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 FALLBACK_VENV := .venv-tf2.18
 FALLBACK_PY := $(FALLBACK_VENV)/bin/python
 # What the fallback must keep proving, with the fewest TensorFlow runs (the parity tests share their runs): both
-# backends compute the same losses, 1 worker at 2b equals 2 at b, and Horovod runs under mpirun as under Gloo.
+# backends compute the same losses, 1 worker at 2b equals 2 at b, fit equals the custom loop, and Horovod runs
+# under mpirun as under Gloo.
 FALLBACK_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers \
 	tests/test_parity.py::test_two_workers_equal_one_worker_double_batch \
 	tests/test_parity.py::test_fit_and_ctl_compute_the_same_thing \
