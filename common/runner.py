@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
 from backends.base import Backend
 from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLost, Preempted, UsageError, fail
@@ -15,8 +16,8 @@ from common.training.runconfig import RunOptions
 from common.workload.job import Job
 
 
-def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
-    """Train (or benchmark, or diagnose) on a set-up backend; returns 0, or ends the process with 2, 3 or 75."""
+def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> NoReturn:
+    """Train (or benchmark, or diagnose) on a set-up backend, then end the process with 0, 2, 3 or 75."""
     from common.training.train import train
 
     if opts.bench is not None:
@@ -26,7 +27,7 @@ def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
                       verbose=opts.verbose and backend.is_chief, iface=opts.iface)
         backend.exit_barrier()
         backend.shutdown()
-        return 0
+        exit_now(0)
     try:
         if opts.diagnose == "breakdown":
             from common.diagnostics.breakdown import run_breakdown
@@ -49,4 +50,13 @@ def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> int:
         os._exit(EXIT_PEER_LOST)
     backend.exit_barrier()
     backend.shutdown()
-    return 0
+    exit_now(0)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process once its work is written and every rank is past its last collective (``exit_barrier``) and
+    the backend is shut down (Horovod's MPI finalized): the interpreter's teardown of TensorFlow would add about a
+    second per process here (its destructors and thread pools), time no run needs."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
