@@ -73,7 +73,7 @@ def _loss(job: Job, reduction: Any) -> Any:
     return wrapper(found, reduction=reduction, name=job.loss)
 
 
-def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray) -> None:
+def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray, num_classes: int | None) -> None:
     """UserCodeError (exit 2) naming ``loss`` unless the loss takes a model output of ``output_shape`` with labels
     like ``labels`` and returns one value per example: checked in every rank before the first step."""
     import tensorflow as tf
@@ -82,6 +82,9 @@ def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray
     shape = (k, *(d or 1 for d in output_shape[1:]))
     what = f"loss = {job.loss!r} with the model's output of shape {tuple(output_shape)} and labels {labels.dtype} " \
            f"of shape {(None, *labels.shape[1:])}"
+    if job.loss == DEFAULT_LOSS and num_classes and (output_shape[-1] or num_classes) < num_classes:
+        raise usercode.UserCodeError(f"{what}: the model gives {output_shape[-1]} logit(s) per example, fewer than "
+                                     f"num_classes = {num_classes} (one per class)")
     try:
         values = per_example_loss(job)(tf.constant(labels), tf.zeros(shape, tf.float32))
     except usercode.UserCodeError:

@@ -199,7 +199,7 @@ def build(ctx: RunContext) -> Built:
     with backend.scope():
         inner = models_mod.build_model(job, input_shape, num_classes)
         if usercode.refs(job) or job.loss != DEFAULT_LOSS:  # the user's model, data or loss: do they fit together?
-            objective.check_loss_takes(job, inner.output_shape, data_mod.label_sample(job))
+            objective.check_loss_takes(job, inner.output_shape, data_mod.label_sample(job), num_classes)
         optimizer = backend.wrap_optimizer(build_optimizer(job, ctx.plan.learning_rate), job.mode)
         if job.mode == "fit":
             model = _compile_for_fit(job, backend, inner, optimizer)

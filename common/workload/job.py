@@ -75,7 +75,7 @@ class Job:
     learning_rate: float = 0.01  # base LR for one replica's batch
     lr_scaling: str = "none"  # none | linear (LR x global_batch / per_replica_batch_size, Goyal et al.)
     warmup_epochs: int = 0  # whole epochs of linear LR warm-up from LR/replicas to the scaled LR (Horovod's rule)
-    # from logits, as every builtin model outputs; or a tf.keras.losses name, or "pkg.mod:function" (per example)
+    # the default takes logits (what builtin models output) | a tf.keras.losses name | "pkg.mod:function" (per example)
     loss: str = DEFAULT_LOSS
     # --- execution ---
     mode: str = "fit"  # fit = Keras model.fit | ctl = custom tf.function training loop
