@@ -65,7 +65,8 @@ def _loss(job: Job, reduction: Any) -> Any:
         found = tf.keras.losses.get(job.loss)
     except (ValueError, TypeError) as e:
         raise usercode.UserCodeError(f"loss = {job.loss!r} is not a tf.keras.losses name (such as \"mse\", "
-                                     f"\"binary_crossentropy\") nor \"package.module:function\": {e}") from None
+                                     f"\"binary_crossentropy\") nor \"package.module:function\": "
+                                     f"{str(e).split('. ')[0]}") from None
     if isinstance(found, tf.keras.losses.Loss):  # a class name: the same class with this reduction
         return type(found).from_config({**found.get_config(), "reduction": reduction})
     # a function name: wrapped as compile() wraps it (labels reshaped to the output's rank)
@@ -92,7 +93,10 @@ def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray
     except Exception as e:
         raise usercode.UserCodeError(f"{what}: {_first_line(e)}") from None
     if tuple(values.shape) != (k,):
-        raise usercode.UserCodeError(f"{what}: gives shape {tuple(values.shape)}, not one value per example ({k},)")
+        hint = " (Keras squeezes an output of shape (batch, 1) against labels of shape (batch,): give the labels " \
+               "shape (N, 1))" if labels.ndim == 1 and shape[1:] == (1,) else ""
+        raise usercode.UserCodeError(f"{what}: gives shape {tuple(values.shape)}, not one value per example "
+                                     f"({k},){hint}")
 
 
 def _first_line(e: Exception) -> str:
