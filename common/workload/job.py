@@ -185,10 +185,11 @@ def _validate(job: Job) -> None:
             raise JobError(msg)
 
     need(job.model in MODELS or _is_keras_app_name(job.model) or usercode.is_ref(job.model),
-         f"unknown model {job.model!r}: use one of {', '.join(MODELS)}, a tf.keras.applications name "
-         "such as ResNet50 or \"package.module:function\"")
+         f"unknown model {job.model!r}: use one of {', '.join(MODELS)} or a tf.keras.applications name "
+         "such as ResNet50 (your own: \"package.module:function\")")
     need(job.dataset in DATASETS or usercode.is_ref(job.dataset),
-         f"unknown dataset {job.dataset!r}: use one of {', '.join(DATASETS)} or \"package.module:function\"")
+         f"unknown dataset {job.dataset!r} (your own: \"package.module:function\"): use one of "
+         f"{', '.join(DATASETS)}")
     _validate_user_code(job, need)
     need(job.optimizer in OPTIMIZERS, f"unknown optimizer {job.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
     need(job.mode in MODES, f"unknown mode {job.mode!r}: use fit or ctl")
