@@ -161,14 +161,16 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
     """Everything that can be checked before TensorFlow starts: job, data files, results dir, flags."""
     from common.core import results as res
     from common.workload import data as data_mod
+    from common.workload import usercode
 
     try:
         job = load_job(args.job, args.sets)
-        n, _, _ = data_mod.dataset_info(job)
+        usercode.check_functions(job)  # the user's modules import and hold their functions
+        n, _, _ = data_mod.dataset_info(job)  # a user dataset is loaded and checked here
         job.resolve_steps(n, 1)  # cheapest check that the data fills at least one batch
         if args.results:
             res.check_results_dir(args.results)
-    except (JobError, data_mod.DataError, OSError) as e:
+    except (JobError, data_mod.DataError, usercode.UserCodeError, OSError) as e:
         fail(prog, str(e))
     _check_numbers(prog, args)
     try:

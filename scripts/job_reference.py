@@ -33,7 +33,7 @@ DOC = REPO / "docs" / "jobs.md"
 START = "<!-- job-keys:start -->"
 END = "<!-- job-keys:end -->"
 TYPE_NAMES = {"str": "string", "int": "integer", "float": "float", "bool": "boolean",
-              "tuple[int, ...]": "list of integers"}
+              "tuple[int, ...]": "list of integers", "tuple[str, ...]": "list of strings", "dict[str, Any]": "table"}
 
 
 def _comments(source: str) -> dict[int, str]:
@@ -82,6 +82,8 @@ def toml_value(value: Any) -> str:
         return f'"{value}"'
     if isinstance(value, tuple | list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
@@ -104,7 +106,7 @@ def key_table(docs: dict[str, tuple[str, str]]) -> list[str]:
     for f in dataclasses.fields(job_module.Job):
         annotation, meaning = docs[f.name]
         kind = TYPE_NAMES.get(annotation, annotation)
-        rows.append(f"| `{f.name}` | {kind} | `{toml_value(f.default)}` | {cell(meaning)} |")
+        rows.append(f"| `{f.name}` | {kind} | `{toml_value(job_module.default_of(f.name))}` | {cell(meaning)} |")
     return rows
 
 
@@ -129,7 +131,8 @@ def generate() -> str:
     lines += key_table(docs)
     lines += ["", _para(f"Hashed only when the job's model or dataset reads them: {_codes(job_module.OPTIONAL_KEYS)}. "
                         "Hashed only when not at their default (added after jobs were first hashed): "
-                        f"{_codes(job_module.LATER_KEYS)}."), ""]
+                        f"{_codes(job_module.LATER_KEYS)}. Never hashed: "
+                        f"{_codes(job_module.UNHASHED_KEYS)}."), ""]
     lines += registry_tables()
     return "\n".join(lines) + "\n"
 

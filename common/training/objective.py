@@ -10,6 +10,10 @@ The rules are the tf.distribute tutorial's, so that MWMS and Horovod compute the
 - the LR warm-up is Horovod's ``LearningRateWarmupCallback`` rule (``warmup_multiplier``), re-implemented for the
   native backend and the custom loop, momentum correction off on both sides.
 Every loop (fit, custom loop, the breakdown diagnostic, parameter-server training) takes its loss from here.
+
+The job's ``loss``: the default, sparse categorical cross-entropy from logits (what every builtin model outputs); a
+``tf.keras.losses`` name, built as ``compile(loss=NAME)`` builds it (Keras' defaults, e.g. ``from_logits=False``);
+or ``"package.module:function"``, a per-example loss ``fn(y_true, y_pred) -> [batch]`` called as it is.
 """
 
 from __future__ import annotations
@@ -17,21 +21,88 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from common.workload.job import Job
+import numpy as np
+
+from common.workload import usercode
+from common.workload.job import DEFAULT_LOSS, Job
 
 
 def per_example_loss(job: Job) -> Any:
-    """The job's loss, one value per example (no reduction): the model outputs logits."""
+    """The job's loss, one value per example (no reduction)."""
     import tensorflow as tf
 
-    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+    if job.loss == DEFAULT_LOSS:  # the model outputs logits
+        return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                             reduction=tf.keras.losses.Reduction.NONE)
+    return _loss(job, tf.keras.losses.Reduction.NONE)
 
 
 def fit_loss(job: Job) -> Any:
     """The same loss for ``Model.compile``, with Keras' own reduction (Keras scales it for the strategy)."""
     import tensorflow as tf
 
-    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if job.loss == DEFAULT_LOSS:
+        return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _loss(job, tf.keras.losses.Reduction.AUTO)
+
+
+def _loss(job: Job, reduction: Any) -> Any:
+    """A tf.keras.losses name as compile(loss=NAME) builds it, or the user's per-example function, with
+    ``reduction``; UserCodeError (exit 2) naming ``loss`` if it cannot be had."""
+    import sys
+
+    import tensorflow as tf
+
+    if usercode.is_ref(job.loss):
+        fn = usercode.function("loss", job.loss)
+
+        class UserLoss(tf.keras.losses.Loss):
+            def call(self, y_true: Any, y_pred: Any) -> Any:
+                return fn(y_true, y_pred)  # as the user wrote it: no reshaping of the labels
+
+        return UserLoss(reduction=reduction, name=job.loss.split(":")[1])
+    try:
+        found = tf.keras.losses.get(job.loss)
+    except (ValueError, TypeError) as e:
+        raise usercode.UserCodeError(f"loss = {job.loss!r} is not a tf.keras.losses name (such as \"mse\", "
+                                     f"\"binary_crossentropy\") nor \"package.module:function\": "
+                                     f"{str(e).split('. ')[0]}") from None
+    if isinstance(found, tf.keras.losses.Loss):  # a class name: the same class with this reduction
+        return type(found).from_config({**found.get_config(), "reduction": reduction})
+    # a function name: wrapped as compile() wraps it (labels reshaped to the output's rank)
+    wrapper = sys.modules[tf.keras.losses.Loss.__module__].LossFunctionWrapper
+    return wrapper(found, reduction=reduction, name=job.loss)
+
+
+def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray, num_classes: int | None) -> None:
+    """UserCodeError (exit 2) naming ``loss`` unless the loss takes a model output of ``output_shape`` with labels
+    like ``labels`` and returns one value per example: checked in every rank before the first step."""
+    import tensorflow as tf
+
+    k = len(labels)
+    shape = (k, *(d or 1 for d in output_shape[1:]))
+    what = f"loss = {job.loss!r} with the model's output of shape {tuple(output_shape)} and labels {labels.dtype} " \
+           f"of shape {(None, *labels.shape[1:])}"
+    if job.loss == DEFAULT_LOSS and num_classes and (output_shape[-1] or num_classes) < num_classes:
+        raise usercode.UserCodeError(f"{what}: the model gives {output_shape[-1]} logit(s) per example, fewer than "
+                                     f"num_classes = {num_classes} (one per class)")
+    try:
+        values = per_example_loss(job)(tf.constant(labels), tf.zeros(shape, tf.float32))
+    except usercode.UserCodeError:
+        raise
+    except Exception as e:
+        raise usercode.UserCodeError(f"{what}: {_first_line(e)}") from None
+    if tuple(values.shape) != (k,):
+        hint = " (Keras squeezes an output of shape (batch, 1) against labels of shape (batch,): give the labels " \
+               "shape (N, 1))" if labels.ndim == 1 and shape[1:] == (1,) else ""
+        raise usercode.UserCodeError(f"{what}: gives shape {tuple(values.shape)}, not one value per example "
+                                     f"({k},){hint}")
+
+
+def _first_line(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    line = f"{type(e).__name__}: {lines[0] if lines else ''}"
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def replica_objective(job: Job, model: Any, global_batch: int, replicas: int) -> Callable[[Any, Any], Any]:

@@ -30,7 +30,8 @@ from common.training.context import Plan, RunContext
 from common.training.loops import StepHooks
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
-from common.workload.job import Job
+from common.workload import usercode
+from common.workload.job import DEFAULT_LOSS, Job
 
 
 def build_optimizer(job: Job, lr: float) -> Any:
@@ -197,6 +198,8 @@ def build(ctx: RunContext) -> Built:
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
     with backend.scope():
         inner = models_mod.build_model(job, input_shape, num_classes)
+        if usercode.refs(job) or job.loss != DEFAULT_LOSS:  # the user's model, data or loss: do they fit together?
+            objective.check_loss_takes(job, inner.output_shape, data_mod.label_sample(job), num_classes)
         optimizer = backend.wrap_optimizer(build_optimizer(job, ctx.plan.learning_rate), job.mode)
         if job.mode == "fit":
             model = _compile_for_fit(job, backend, inner, optimizer)

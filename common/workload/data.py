@@ -10,6 +10,8 @@ per-replica slots of b samples. Concatenating every replica's batch k therefore 
 ``shuffle(n, seed).batch(G, drop_remainder=True)``, whatever the number of processes or replicas per process.
 TFRecord shards keep the rule by reading each record by its byte offset (``common.workload.tfrecord``), except with the
 opt-in ``tfrecord_sharding = "files"`` (each rank streams its own shards: fastest, no cross-world-size parity).
+A user dataset (``dataset = "package.module:function"``, ``common.workload.usercode``) is a pair of arrays in memory,
+used as given (no scaling), through the same rule.
 """
 
 from __future__ import annotations
@@ -21,25 +23,30 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.core.errors import UsageError
-from common.workload import tfrecord
+from common.workload import tfrecord, usercode
 from common.workload.datasets import DATASETS, DataError, list_image_folder
 from common.workload.job import Job
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["DataError", "DataUsageError", "check_sharding", "dataset_info", "list_image_folder", "load_arrays",
-           "make_train_dataset", "shard_geometry"]
+__all__ = ["DataError", "DataUsageError", "check_sharding", "dataset_info", "label_sample", "list_image_folder",
+           "load_arrays", "make_train_dataset", "shard_geometry", "validation_arrays"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Public: info and loaders
 # ----------------------------------------------------------------------------------------------------------------
-def dataset_info(job: Job) -> tuple[int, tuple[int, int, int], int]:
-    """(training samples, (H, W, C), num_classes) from file headers only; DataError if files are missing/corrupt.
+def dataset_info(job: Job) -> tuple[int, tuple[int, ...], int | None]:
+    """(training samples, input shape, num_classes) from file headers only; DataError if files are missing/corrupt.
 
-    No TensorFlow import, cheap (idx/npz headers, file listings; CIFAR batches are unpickled to count them).
+    No TensorFlow import, cheap (idx/npz headers, file listings; CIFAR batches are unpickled to count them). A user
+    dataset is loaded (once per process): its input shape is its features' ``x.shape[1:]``, its num_classes None
+    for labels that are not integers (``common.workload.usercode.UserCodeError`` if its function fails).
     """
+    if usercode.is_ref(job.dataset):
+        data = usercode.load_data(job)
+        return len(data.x), data.input_shape, data.num_classes
     n, shape, classes = DATASETS[job.dataset].info(job)
     if n < 1:
         raise DataError(f"{job.dataset}: the training files in {job.data_dir} hold no samples")
@@ -53,13 +60,32 @@ def load_arrays(job: Job, scaled: bool = True) -> tuple[np.ndarray, np.ndarray]:
     pipeline); scaled=False gives the raw uint8, which the pipeline keeps in memory (4x smaller) and scales only
     for the samples a rank actually uses.
     """
-    load = DATASETS[job.dataset].load
-    if load is None:
+    spec = DATASETS.get(job.dataset)
+    load = spec.load if spec is not None else None
+    if load is None:  # a user dataset too: usercode.load_data(job) has its arrays, as given
         raise DataError(f"load_arrays: dataset {job.dataset!r} is decoded in the tf.data pipeline, not in memory")
     x, y = load(job)
     if scaled:
         return x.astype(np.float32) / np.float32(255), y
     return x, y
+
+
+def validation_arrays(job: Job) -> tuple[np.ndarray, np.ndarray] | None:
+    """The validation split as a user dataset gave it, None for builtin datasets and user datasets without one."""
+    if not usercode.is_ref(job.dataset):
+        return None
+    return usercode.load_data(job).validation
+
+
+def label_sample(job: Job) -> np.ndarray:
+    """A few training labels, the smallest and largest among them (integer labels): what the loss is checked on."""
+    if not usercode.is_ref(job.dataset):
+        _, _, classes = dataset_info(job)
+        return np.array([0, (classes or 1) - 1], np.int32)
+    y = usercode.load_data(job).y
+    if np.issubdtype(y.dtype, np.integer) and y.ndim == 1:
+        return y[[int(np.argmin(y)), int(np.argmax(y))]]
+    return y[:2]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -113,14 +139,17 @@ def make_train_dataset(job: Job, global_batch_size: int, pipeline_index: int, nu
     if seeds[0] != job.seed % (2**31 - 1):
         raise RuntimeError(f"make_train_dataset: call tf.keras.utils.set_random_seed({job.seed}) first "
                            f"(global seed is {seeds[0]}): the shuffle order depends on it")
-    spec = DATASETS[job.dataset]
     slots = _Slots(global_batch_size, b, lo, hi, replicas_per_pipeline, start_step)
-    if spec.records is not None:
+    spec = DATASETS.get(job.dataset)
+    if spec is None:  # a user dataset: its arrays as given
+        data = usercode.load_data(job)
+        ds = _array_stream(tf, job, slots, data.x, data.y, scale=False)
+    elif spec.records is not None:
         ds = _tfrecord_stream(tf, job, spec.records(job), slots, pipeline_index, num_pipelines)
     elif spec.files is not None:
         ds = _file_stream(tf, job, slots)
     else:
-        ds = _array_stream(tf, job, slots)
+        ds = _array_stream(tf, job, slots, *load_arrays(job, scaled=False), scale=True)  # raw uint8: 4x smaller
 
     options = tf.data.Options()
     options.deterministic = True
@@ -159,16 +188,20 @@ def _global_slots(tf: Any, job: Job, n: int, s: _Slots) -> tf.data.Dataset:
     return ds.batch(s.global_batch, drop_remainder=True).repeat().skip(s.start_step).map(lambda idx: idx[s.lo:s.hi])
 
 
-def _array_stream(tf: Any, job: Job, s: _Slots) -> tf.data.Dataset:
-    images, labels = load_arrays(job, scaled=False)  # raw uint8: 4x less memory than float32
-    n, h, w, c = images.shape
+def _array_stream(tf: Any, job: Job, s: _Slots, images: np.ndarray, labels: np.ndarray,
+                  scale: bool) -> tf.data.Dataset:
+    """Samples gathered from arrays in memory: uint8 images scaled to [0, 1] (builtins), or as given (user data)."""
+    n = len(images)
     ds = _global_slots(tf, job, n, s)
     images_t, labels_t = tf.constant(images), tf.constant(labels)
     reps, b = s.replicas, s.b
+    x_shape, y_shape = (reps, b, *images.shape[1:]), (reps, b, *labels.shape[1:])
 
     def gather(idx: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        x = tf.cast(tf.gather(images_t, idx), tf.float32) / 255.0  # same float32 division as load_arrays
-        return tf.reshape(x, (reps, b, h, w, c)), tf.reshape(tf.gather(labels_t, idx), (reps, b))
+        x = tf.gather(images_t, idx)
+        if scale:
+            x = tf.cast(x, tf.float32) / 255.0  # same float32 division as load_arrays
+        return tf.reshape(x, x_shape), tf.reshape(tf.gather(labels_t, idx), y_shape)
 
     # one element per replica slot, in slot order
     return ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
@@ -195,8 +228,8 @@ def check_sharding(job: Job, global_batch_size: int, num_pipelines: int) -> None
 
     Every pipeline needs a shard of its own, and its shards must hold one step of its replicas' samples.
     """
-    spec = DATASETS[job.dataset]
-    if spec.records is None or job.tfrecord_sharding != "files":
+    spec = DATASETS.get(job.dataset)  # None: a user dataset, always the exact rule
+    if spec is None or spec.records is None or job.tfrecord_sharding != "files":
         return
     index = spec.records(job)
     shards = len(index.paths)

@@ -15,10 +15,11 @@ import hashlib
 import json
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.workload import usercode
 from common.workload.datasets import DATASETS
 from common.workload.models import MODELS
 
@@ -35,7 +36,13 @@ OPTIONAL_KEYS = ("mlp_hidden", "image_shape", "num_classes", "synthetic_samples"
                  "tfrecord_label_offset")
 TFRECORD_SHARDINGS = ("exact", "files")
 # Keys added after jobs were first hashed: hashed only when not at their default, so older hashes stay valid.
-LATER_KEYS = ("sync_every_steps", "steps_per_execution")
+LATER_KEYS = ("sync_every_steps", "steps_per_execution", "model_args", "dataset_args", "loss", "metrics",
+              "eval_every_epochs", "target_metric", "target_value", "code_digest")
+# Never hashed: where the user's code lies on this machine (code_digest covers the code itself).
+UNHASHED_KEYS = ("name", "pythonpath")
+DEFAULT_LOSS = "sparse_categorical_crossentropy"
+# Job keys load_job computes: a job file or --set cannot give them.
+COMPUTED_KEYS = ("code_digest",)
 
 
 @dataclass(frozen=True)
@@ -43,14 +50,16 @@ class Job:
     # --- identity (not hashed: a label only) ---
     name: str = "unnamed"  # free label shown in reports; renaming a job keeps its hash
     # --- model ---
-    model: str = "mlp"  # a builtin of common.workload.models.MODELS | any tf.keras.applications name (weights=None)
+    model: str = "mlp"  # a builtin of common.workload.models.MODELS | a tf.keras.applications name | "pkg.mod:function"
+    model_args: dict[str, Any] = field(default_factory=dict)  # user model only: keyword arguments of its function
     mlp_hidden: tuple[int, ...] = (128,)  # MLP hidden layer widths (only for model = "mlp")
     weight_decay: float = 0.0  # L2 factor on kernels; a regularisation loss, scaled per replica in both backends
     # --- data ---
-    dataset: str = "synthetic"  # a name of common.workload.datasets.DATASETS (synthetic, mnist, cifar10...)
+    dataset: str = "synthetic"  # a name of common.workload.datasets.DATASETS (synthetic, mnist...) | "pkg.mod:function"
+    dataset_args: dict[str, Any] = field(default_factory=dict)  # user dataset only: keyword arguments of its function
     data_dir: str = ""  # where the real dataset's files are; nothing is ever downloaded
     image_shape: tuple[int, ...] = (28, 28, 1)  # synthetic / image_folder input shape (H, W, C); others fix their own
-    num_classes: int = 10  # synthetic / image_folder label count; others fix their own
+    num_classes: int = 10  # synthetic / image_folder label count; user dataset: 0 or unset = max(label) + 1
     synthetic_samples: int = 2048  # size of the synthetic dataset (one epoch), deterministic from the seed
     tfrecord_sharding: str = "exact"  # tfrecord: exact (global order: parity holds, so default) | files (per rank)
     tfrecord_label_offset: int = 1  # tfrecord: subtracted from image/class/label (ImageNet's build writes 1..1000)
@@ -66,6 +75,8 @@ class Job:
     learning_rate: float = 0.01  # base LR for one replica's batch
     lr_scaling: str = "none"  # none | linear (LR x global_batch / per_replica_batch_size, Goyal et al.)
     warmup_epochs: int = 0  # whole epochs of linear LR warm-up from LR/replicas to the scaled LR (Horovod's rule)
+    # the default takes logits (what builtin models output) | a tf.keras.losses name | "pkg.mod:function" (per example)
+    loss: str = DEFAULT_LOSS
     # --- execution ---
     mode: str = "fit"  # fit = Keras model.fit | ctl = custom tf.function training loop
     seed: int = 1234  # global seed: weights, synthetic data and shuffling
@@ -75,6 +86,14 @@ class Job:
     # 25 keeps the harness tax under 2% on a 1 ms step; 1 gives per-step times (and a forced sync per step).
     sync_every_steps: int = 25  # host reads the losses (and marks the clock) every N steps
     steps_per_execution: int = 1  # Keras fit only: steps per tf.function call (compile(steps_per_execution=))
+    # --- evaluation (on the user dataset's validation split) ---
+    metrics: tuple[str, ...] = ()  # Keras metric names evaluated on the validation data; none by default
+    eval_every_epochs: int = 1  # evaluate every N epochs (when there is something to evaluate): every epoch
+    target_metric: str = ""  # "loss" or one of metrics: stop once it reaches target_value; "" = no target
+    target_value: float = 0.0  # the target of target_metric (unused without one)
+    # --- user code (model, dataset, loss given as "package.module:function") ---
+    pythonpath: tuple[str, ...] = ()  # directories relative to the job file, first on sys.path; none by default
+    code_digest: str = ""  # computed by load_job: sha256 of the user modules' sources ("" = no user code)
 
     # ------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -91,17 +110,19 @@ class Job:
     def job_hash(self) -> str:
         """sha256 (16 hex chars) of the canonical JSON of every field that is used, except ``name``."""
         d = self.to_dict()
-        d.pop("name")
+        for key in UNHASHED_KEYS:
+            d.pop(key)
         # Keys the job does not use cannot change its math: leave them out so equal jobs hash equal.
-        spec = MODELS.get(self.model)  # None: a tf.keras.applications model, which reads no optional key
-        used = set(DATASETS[self.dataset].job_fields) | set(spec.job_fields if spec else ())
+        spec = MODELS.get(self.model)  # None: a tf.keras.applications or user model, which reads no optional key
+        data = DATASETS.get(self.dataset)  # None: a user dataset, which reads num_classes
+        used = set(data.job_fields if data else ("num_classes",)) | set(spec.job_fields if spec else ())
         for key in OPTIONAL_KEYS:
             if key not in used:
                 d.pop(key)
         if self.optimizer != "momentum":
             d.pop("momentum")
         for key in LATER_KEYS:
-            if d[key] == FIELDS[key].default:
+            if d[key] == _jsonable(default_of(key)):
                 d.pop(key)
         blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -142,6 +163,16 @@ class Job:
 FIELDS = {f.name: f for f in dataclasses.fields(Job)}
 
 
+def default_of(key: str) -> Any:
+    """The default of job key ``key`` (a fresh one for the dict keys)."""
+    f = FIELDS[key]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
 def _is_keras_app_name(name: str) -> bool:
     # keras.applications names start upper case (ResNet50, MobileNetV2, EfficientNetB0...); checked against
     # the real module only once TensorFlow is loaded (common.workload.models).
@@ -153,10 +184,13 @@ def _validate(job: Job) -> None:
         if not cond:
             raise JobError(msg)
 
-    need(job.model in MODELS or _is_keras_app_name(job.model),
+    need(job.model in MODELS or _is_keras_app_name(job.model) or usercode.is_ref(job.model),
          f"unknown model {job.model!r}: use one of {', '.join(MODELS)} or a tf.keras.applications name "
-         "such as ResNet50")
-    need(job.dataset in DATASETS, f"unknown dataset {job.dataset!r}: use one of {', '.join(DATASETS)}")
+         "such as ResNet50 (your own: \"package.module:function\")")
+    need(job.dataset in DATASETS or usercode.is_ref(job.dataset),
+         f"unknown dataset {job.dataset!r} (your own: \"package.module:function\"): use one of "
+         f"{', '.join(DATASETS)}")
+    _validate_user_code(job, need)
     need(job.optimizer in OPTIMIZERS, f"unknown optimizer {job.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
     need(job.mode in MODES, f"unknown mode {job.mode!r}: use fit or ctl")
     need(job.lr_scaling in LR_SCALINGS, f"unknown lr_scaling {job.lr_scaling!r}: use none or linear")
@@ -172,7 +206,9 @@ def _validate(job: Job) -> None:
     need(job.warmup_epochs >= 0, f"warmup_epochs must be >= 0, got {job.warmup_epochs}")
     need(math.isfinite(job.weight_decay) and job.weight_decay >= 0,
          f"weight_decay must be >= 0, got {job.weight_decay}")
-    need(job.num_classes >= 2, f"num_classes must be >= 2, got {job.num_classes}")
+    user_data = usercode.is_ref(job.dataset)
+    need(job.num_classes >= 2 or (user_data and job.num_classes == 0),
+         f"num_classes must be >= 2, got {job.num_classes}" + (" (0 = inferred from the labels)" if user_data else ""))
     need(job.synthetic_samples >= 1, f"synthetic_samples must be >= 1, got {job.synthetic_samples}")
     need(len(job.image_shape) == 3 and all(d >= 1 for d in job.image_shape),
          f"image_shape must be [height, width, channels] with positive sizes, got {list(job.image_shape)}")
@@ -182,9 +218,47 @@ def _validate(job: Job) -> None:
          f"unknown tfrecord_sharding {job.tfrecord_sharding!r}: use exact or files")
     need(job.tfrecord_label_offset >= 0, f"tfrecord_label_offset must be >= 0, got {job.tfrecord_label_offset}")
     _validate_execution(job, need)
-    if DATASETS[job.dataset].needs_data_dir:
+    _validate_evaluation(job, need)
+    if not user_data and DATASETS[job.dataset].needs_data_dir:
         need(bool(job.data_dir), f"dataset {job.dataset!r} needs data_dir (nothing is downloaded); "
              f"set it in the job file or with --set data_dir=PATH")
+
+
+def _validate_user_code(job: Job, need: Any) -> None:
+    """model / dataset / loss as "package.module:function", their arguments, pythonpath."""
+    for key in usercode.KEYS:
+        value = getattr(job, key)
+        if usercode.is_ref(value):
+            reason = usercode.check_ref(key, value)
+            need(reason is None, reason or "")
+    need(job.loss == DEFAULT_LOSS or usercode.is_ref(job.loss) or job.loss.replace("_", "").isalnum(),
+         f"loss = {job.loss!r}: use a tf.keras.losses name (such as \"mse\") or \"package.module:function\"")
+    for key, owner in (("model_args", "model"), ("dataset_args", "dataset")):
+        args = getattr(job, key)
+        need(isinstance(args, dict) and all(isinstance(k, str) and k.isidentifier() for k in args),
+             f"{key} must be a table of keyword arguments, got {args!r}")
+        need(not args or usercode.is_ref(getattr(job, owner)),
+             f"{key} applies to a user {owner} ({owner} = \"package.module:function\"), not to {getattr(job, owner)!r}")
+        try:
+            json.dumps(args, allow_nan=False)
+        except (TypeError, ValueError):
+            need(False, f"{key}: values must be strings, numbers, booleans, lists or tables, got {args!r}")
+    need(job.weight_decay == 0 or not usercode.is_ref(job.model),
+         "weight_decay applies to builtin models: a user model puts its own regularizers on its layers (their "
+         "losses are added to the objective)")
+    need(all(isinstance(p, str) and p for p in job.pythonpath),
+         f"pythonpath must be a list of directories, got {list(job.pythonpath)}")
+
+
+def _validate_evaluation(job: Job, need: Any) -> None:
+    """The evaluation keys (used by the evaluation of the validation split)."""
+    need(all(isinstance(m, str) and m.replace("_", "").isalnum() for m in job.metrics),
+         f"metrics must be Keras metric names such as \"accuracy\", got {list(job.metrics)}")
+    need(len(set(job.metrics)) == len(job.metrics), f"metrics lists a name twice: {list(job.metrics)}")
+    need(job.eval_every_epochs >= 1, f"eval_every_epochs must be >= 1, got {job.eval_every_epochs}")
+    need(job.target_metric in ("", "loss", *job.metrics),
+         f"target_metric = {job.target_metric!r}: use \"loss\" or one of metrics ({', '.join(job.metrics) or 'none'})")
+    need(math.isfinite(job.target_value), f"target_value must be a finite number, got {job.target_value}")
 
 
 def _validate_execution(job: Job, need: Any) -> None:
@@ -204,12 +278,15 @@ def _validate_execution(job: Job, need: Any) -> None:
 
 def _coerce(key: str, value: Any, *, from_string: bool) -> Any:
     """Type-check (and, for --set strings, parse) one value against the field's declared type."""
-    f = FIELDS[key]
-    default = f.default
-    kind = type(default)
+    kind = type(default_of(key))
+    strings = FIELDS[key].type.startswith("tuple[str")
     if from_string:
         text = value.strip()
         try:
+            if kind is dict:
+                return _coerce(key, json.loads(text) if text else {}, from_string=False)
+            if strings:  # a comma-separated list of strings
+                return tuple(p.strip() for p in text.strip("[]()").split(",") if p.strip())
             if kind is bool:
                 low = text.lower()
                 if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
@@ -223,21 +300,24 @@ def _coerce(key: str, value: Any, *, from_string: bool) -> Any:
                 parts = [p for p in text.strip("[]() ").split(",") if p.strip()]
                 return tuple(int(p) for p in parts)
             return text
-        except ValueError:
-            raise JobError(f"--set {key}={value}: expected {_type_name(kind)}") from None
+        except ValueError:  # json.JSONDecodeError too
+            raise JobError(f"--set {key}={value}: expected {_type_name(kind, strings)}") from None
     # values from TOML: exact types, ints accepted for floats, lists for tuples
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if kind is tuple and isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    item = str if strings else int
+    if kind is tuple and isinstance(value, list) and all(type(v) is item for v in value):
         return tuple(value)
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise JobError(f"job key {key!r}: expected {_type_name(kind)}, got {type(value).__name__} {value!r}")
+        raise JobError(f"job key {key!r}: expected {_type_name(kind, strings)}, got {type(value).__name__} {value!r}")
     return value
 
 
-def _type_name(kind: type) -> str:
+def _type_name(kind: type, strings: bool = False) -> str:
+    if strings:
+        return "a list of strings"
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
-            tuple: "a list of integers"}[kind]
+            tuple: "a list of integers", dict: "a table (in --set: JSON text such as {\"width\": 32})"}[kind]
 
 
 def _suggest(key: str) -> str:
@@ -261,7 +341,28 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
 
 
 def load_job(path: str | Path | None, sets: list[str] | tuple[str, ...] = ()) -> Job:
-    """Load a job TOML (flat table of keys) and apply ``--set`` overrides; raises JobError on any problem."""
+    """Load a job TOML (flat table of keys) and apply ``--set`` overrides; raises JobError on any problem.
+
+    With user code (``model``, ``dataset`` or ``loss`` = "package.module:function"): ``pythonpath`` is resolved
+    against the job file's directory (every entry must exist) and put first on ``sys.path``, and the job gets the
+    ``code_digest`` of the user modules' sources (found, not imported). Every rank and launcher calls this.
+    """
+    values = _read_values(path, sets)
+    if usercode.is_ref(str(values.get("dataset", ""))):
+        values.setdefault("num_classes", 0)  # not set: inferred from the labels
+    job = Job(**values)
+    base = Path(path).resolve().parent if path is not None else Path.cwd()
+    try:
+        pythonpath = usercode.resolve_pythonpath(base, job.pythonpath)
+        usercode.activate(pythonpath)
+        job_refs = usercode.refs(job)
+        digest = usercode.code_digest(job_refs, pythonpath) if job_refs else ""
+    except usercode.UserCodeError as e:
+        raise JobError(str(e)) from None
+    return dataclasses.replace(job, pythonpath=pythonpath, code_digest=digest)
+
+
+def _read_values(path: str | Path | None, sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -274,11 +375,15 @@ def load_job(path: str | Path | None, sets: list[str] | tuple[str, ...] = ()) ->
         for k, v in raw.items():
             if k not in FIELDS:
                 raise JobError(f"job file {str(p)!r}: unknown key {k!r}{_suggest(k)}")
+            if k in COMPUTED_KEYS:
+                raise JobError(f"job file {str(p)!r}: {k!r} is computed by twinbench, not a key to set")
             values[k] = _coerce(k, v, from_string=False)
         values.setdefault("name", p.stem)
     for k, v in parse_sets(list(sets)).items():
+        if k in COMPUTED_KEYS:
+            raise JobError(f"--set {k}: computed by twinbench, not a key to set")
         values[k] = _coerce(k, v, from_string=True)
-    return Job(**values)
+    return values
 
 
 def job_from_dict(d: dict[str, Any]) -> Job:

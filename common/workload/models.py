@@ -18,12 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from common.core.errors import UsageError
+from common.workload import usercode
+
 if TYPE_CHECKING:
     import tensorflow as tf
 
 
-class ModelError(ValueError):
-    """The model cannot be built (unknown name, input too small...); the message is one line for the user."""
+class ModelError(ValueError, UsageError):
+    """The model cannot be built (unknown name, input too small...); the message is one line for the user (exit 2:
+    found in every rank before the first step)."""
 
 
 # Kernel attributes / regularizer attributes of the layers whose kernels get L2 (Conv*, Dense, depthwise and
@@ -98,14 +102,20 @@ def application_names() -> list[str]:
     return sorted(n for n in dir(apps) if n[:1].isupper() and callable(getattr(apps, n)))
 
 
-def build_model(job: ModelJob, input_shape: tuple[int, int, int], num_classes: int) -> tf.keras.Model:
+def build_model(job: ModelJob, input_shape: tuple[int, ...], num_classes: int | None) -> tf.keras.Model:
     """A functional tf.keras model mapping float32 images [B, *input_shape] to float32 logits [B, num_classes].
 
     job.weight_decay > 0 puts an L2(weight_decay) regularizer on every Conv/Dense kernel (``model.losses``).
-    Raises ModelError (one line) for an unknown model name or an input shape the model cannot take.
+    Raises ModelError (one line) for an unknown model name or an input shape the model cannot take. A user model
+    (``model = "package.module:function"``) is built by ``common.workload.usercode.build_model`` (UserCodeError).
     """
     tf = _tf()
     input_shape = tuple(int(d) for d in input_shape)
+    if usercode.is_ref(job.model):  # the user's own: twinbench adds nothing but the float32 output cast
+        return usercode.build_model(tf, job, input_shape, num_classes)
+    if num_classes is None:
+        raise ModelError(f"model {job.model!r} is a classifier: its labels are not integers, so set num_classes (or "
+                         "use a model of your own, model = \"package.module:function\")")
     reg = tf.keras.regularizers.L2(job.weight_decay) if job.weight_decay > 0 else None
     spec = MODELS.get(job.model)
     try:

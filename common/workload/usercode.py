@@ -1,0 +1,316 @@
+"""The user's own code in a job: ``model``, ``dataset`` and ``loss`` given as ``"package.module:function"``.
+
+What this module owns (the objective itself stays in ``common.training.objective``):
+- the reference format (``is_ref``) and the job's ``pythonpath`` (directories relative to the job file, resolved and
+  put first on ``sys.path`` by ``common.workload.job.load_job`` in every rank, before any user module is imported);
+- the job's identity for user code: ``code_digest``, a sha256 of the user modules' source files, found *without
+  importing them* (``importlib.machinery.PathFinder``), so ``load_job`` stays free of user code and TensorFlow;
+- importing and calling the user's functions, each failure one line naming the job key (``UserCodeError``: exit 2);
+- the user's data in memory (``load_data``: arrays checked, labels checked against ``num_classes``) and model
+  (``build_model``: a tf.keras (tf_keras, Keras 2) model, never a Keras 3 one; float32 output under mixed precision).
+
+This module imports nothing of the project above ``common.core`` (``common.workload.job`` imports it) and no
+TensorFlow at import time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.machinery import PathFinder
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.core.errors import UsageError
+
+# "package.module:function": dotted module path, a colon, a function name
+_REF = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+KEYS = ("model", "dataset", "loss")  # the job keys that may name user code
+KERAS3_HINT = ("build it with tf.keras (twinbench sets TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras, Keras 2) or "
+               "`import tf_keras as keras`, not `import keras` (Keras 3)")
+
+
+class UserCodeError(ValueError, UsageError):
+    """The user's code or data cannot be used; the message is one line naming the job key (exit status 2)."""
+
+
+def is_ref(value: str) -> bool:
+    """Is ``value`` a ``"package.module:function"`` reference (rather than a builtin name)?"""
+    return ":" in value
+
+
+def check_ref(key: str, value: str) -> str | None:
+    """Why ``value`` is not a well-formed reference for job key ``key``, or None."""
+    if _REF.fullmatch(value):
+        return None
+    return f"{key} = {value!r}: expected \"package.module:function\" (a dotted module path, a colon, a function name)"
+
+
+def refs(job: Any) -> dict[str, str]:
+    """The job keys that name user code, and their references."""
+    return {key: getattr(job, key) for key in KEYS if is_ref(getattr(job, key))}
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    line = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# pythonpath and the source digest (no user code imported)
+# ----------------------------------------------------------------------------------------------------------------
+def resolve_pythonpath(base: Path, entries: Iterable[str]) -> tuple[str, ...]:
+    """Each entry resolved against ``base`` (the job file's directory); UserCodeError if one is not a directory."""
+    out = []
+    for entry in entries:
+        p = (base / Path(entry).expanduser()).resolve()
+        if not p.is_dir():
+            raise UserCodeError(f"pythonpath entry {entry!r} is not a directory (resolved against the job file's "
+                                f"directory {str(base)!r}: {str(p)!r})")
+        out.append(str(p))
+    return tuple(out)
+
+
+def activate(paths: Iterable[str]) -> None:
+    """Put ``paths`` first on ``sys.path``, in their order (an entry already there moves to the front)."""
+    paths = list(paths)
+    for p in reversed(paths):
+        while p in sys.path:
+            sys.path.remove(p)
+        sys.path.insert(0, p)
+    if paths:
+        importlib.invalidate_caches()
+
+
+def _locate(key: str, ref: str) -> tuple[Path, list[Path]]:
+    """(the directory on sys.path holding the module's top-level package, the files of its packages and itself)."""
+    module = ref.split(":")[0]
+    parts = module.split(".")
+    search: list[str] | None = None
+    root: Path | None = None
+    files: list[Path] = []
+    for i in range(len(parts)):
+        name = ".".join(parts[:i + 1])
+        spec = PathFinder.find_spec(name, search)
+        if spec is None or (search is None and spec.origin is None and not spec.submodule_search_locations):
+            raise UserCodeError(f"{key} = {ref!r}: module {name!r} not found on the job's pythonpath or sys.path")
+        if spec.origin and spec.has_location:
+            files.append(Path(spec.origin))
+        if root is None:
+            top = Path(spec.origin) if spec.origin and spec.has_location else Path(
+                list(spec.submodule_search_locations)[0]) / "__init__.py"
+            root = top.parent.parent if top.name == "__init__.py" else top.parent
+        search = list(spec.submodule_search_locations or [])
+        if not search and i < len(parts) - 1:
+            raise UserCodeError(f"{key} = {ref!r}: {name!r} is a module, not a package")
+    assert root is not None
+    return root, files
+
+
+def code_digest(job_refs: dict[str, str], pythonpath: Iterable[str]) -> str:
+    """sha256 of the user modules' sources: for a module under one of the job's ``pythonpath`` directories every
+    ``.py`` file of its top-level package (its helpers too), for one elsewhere (an installed package) its own file
+    and its packages' ``__init__.py``. Paths enter relative to their sys.path directory: equal on every machine."""
+    mine = [Path(p) for p in pythonpath]
+    chosen: dict[str, Path] = {}
+    for key, ref in sorted(job_refs.items()):
+        root, files = _locate(key, ref)
+        top = root / ref.split(":")[0].split(".")[0]
+        if any(root == d or d in root.parents for d in mine):
+            files = sorted(top.rglob("*.py")) if top.is_dir() else files
+        for f in files:
+            if "__pycache__" not in f.parts:
+                chosen[f.relative_to(root).as_posix()] = f
+    h = hashlib.sha256()
+    for rel in sorted(chosen):
+        h.update(rel.encode() + b"\0" + chosen[rel].read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# importing and calling
+# ----------------------------------------------------------------------------------------------------------------
+def function(key: str, ref: str) -> Callable[..., Any]:
+    """The function ``ref`` names (its module imported); UserCodeError naming ``key`` if it cannot be had."""
+    module_name, attr = ref.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, SyntaxError, or anything the module raises at import
+        raise UserCodeError(f"{key} = {ref!r}: cannot import module {module_name!r}: {_one_line(e)}") from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise UserCodeError(f"{key} = {ref!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) has no "
+                            f"function {attr!r}")
+    if not callable(fn):
+        raise UserCodeError(f"{key} = {ref!r}: {attr!r} in module {module_name!r} is a {type(fn).__name__}, "
+                            "not a function")
+    return fn
+
+
+def check_functions(job: Any) -> None:
+    """Import every user module of the job and check each named function exists (before TensorFlow starts)."""
+    for key, ref in refs(job).items():
+        function(key, ref)
+
+
+def call(key: str, ref: str, *args: Any, **kwargs: Any) -> Any:
+    """``function(key, ref)(*args, **kwargs)``; an exception it raises becomes one line naming ``key``."""
+    fn = function(key, ref)
+    try:
+        return fn(*args, **kwargs)
+    except UserCodeError:
+        raise
+    except Exception as e:
+        raise UserCodeError(f"{key} = {ref!r} raised {_one_line(e)}") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class UserData:
+    """A user dataset in memory, as given (no scaling), checked."""
+
+    x: np.ndarray  # training features [N, ...]
+    y: np.ndarray  # training labels / targets [N, ...]
+    validation: tuple[np.ndarray, np.ndarray] | None  # the "validation" split, if the function gave one
+    num_classes: int | None  # the job's num_classes when set, else max(label) + 1 for integer labels, else None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.x.shape[1:])
+
+
+_MEMO: dict[tuple[Any, ...], UserData] = {}  # per process: the data is asked for several times per run
+
+
+def load_data(job: Any) -> UserData:
+    """Call the job's dataset function (once per process and job) and check what it returned."""
+    key = (job.dataset, json.dumps(job.dataset_args, sort_keys=True), job.num_classes, job.code_digest)
+    if key not in _MEMO:
+        _MEMO[key] = _load(job)
+    return _MEMO[key]
+
+
+def _load(job: Any) -> UserData:
+    ref = job.dataset
+    out = call("dataset", ref, **job.dataset_args)
+    if isinstance(out, dict):
+        unknown = set(out) - {"train", "validation"}
+        if "train" not in out or unknown:
+            raise UserCodeError(f"dataset = {ref!r} returned a dict with keys {sorted(out)}: expected \"train\" and "
+                                "optionally \"validation\"")
+        train, val = out["train"], out.get("validation")
+    else:
+        train, val = out, None
+    x, y = _pair(ref, train, "training")
+    explicit = job.num_classes if job.num_classes > 0 else None
+    num_classes = explicit
+    if _is_int(y):
+        num_classes = explicit or int(y.max()) + 1
+        _check_labels(ref, y, num_classes, explicit, "training")
+    validation = None
+    if val is not None:
+        vx, vy = _pair(ref, val, "validation")
+        if vx.shape[1:] != x.shape[1:] or vy.shape[1:] != y.shape[1:]:
+            raise UserCodeError(f"dataset = {ref!r}: validation arrays have shapes {vx.shape} and {vy.shape}, the "
+                                f"training ones {x.shape} and {y.shape} (all but the first dimension must agree)")
+        if num_classes is not None and _is_int(vy):
+            _check_labels(ref, vy, num_classes, explicit, "validation")
+        validation = (vx, vy)
+    return UserData(x, y, validation, num_classes)
+
+
+def _is_int(y: np.ndarray) -> bool:
+    return np.issubdtype(y.dtype, np.integer)
+
+
+def _check_labels(ref: str, y: np.ndarray, num_classes: int, explicit: int | None, split: str) -> None:
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0 or hi >= num_classes:
+        where = f"num_classes = {explicit}" if explicit else "num_classes inferred as max(label) + 1"
+        raise UserCodeError(f"dataset = {ref!r}: {split} labels out of range for {where}: found {lo}..{hi}, "
+                            f"expected 0..{num_classes - 1}")
+
+
+def _pair(ref: str, value: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(features, labels) as numpy arrays from a tuple of arrays or an unbatched finite tf.data.Dataset."""
+    if _is_tf_dataset(value):
+        value = _materialise(ref, value, split)
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        raise UserCodeError(f"dataset = {ref!r}: {split} data is a {type(value).__name__}: expected a tuple "
+                            "(features, labels) of numpy arrays or an unbatched tf.data.Dataset of (x, y)")
+    x, y = (np.asarray(v) for v in value)
+    for what, a in (("features", x), ("labels", y)):
+        if a.ndim < 1 or a.dtype.kind not in "biuf":
+            raise UserCodeError(f"dataset = {ref!r}: {split} {what} must be a numeric array with a first (sample) "
+                                f"dimension, got {a.dtype} of shape {a.shape}")
+    if len(x) != len(y):
+        raise UserCodeError(f"dataset = {ref!r}: {split} arrays of different lengths: {len(x)} features, "
+                            f"{len(y)} labels")
+    if len(x) == 0:
+        raise UserCodeError(f"dataset = {ref!r}: the {split} arrays are empty")
+    return x, y
+
+
+def _is_tf_dataset(value: Any) -> bool:
+    return type(value).__module__.startswith("tensorflow") and hasattr(value, "as_numpy_iterator")
+
+
+def _materialise(ref: str, ds: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
+    import tensorflow as tf
+
+    if int(ds.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        raise UserCodeError(f"dataset = {ref!r}: the {split} tf.data.Dataset is infinite (drop its repeat())")
+    if "Batch" in type(ds).__name__:
+        raise UserCodeError(f"dataset = {ref!r}: the {split} tf.data.Dataset is batched: return it unbatched "
+                            "(twinbench batches by the global batch and shards it)")
+    xs, ys = [], []
+    for element in ds.as_numpy_iterator():
+        if not isinstance(element, tuple) or len(element) != 2:
+            raise UserCodeError(f"dataset = {ref!r}: the {split} tf.data.Dataset's elements must be (x, y) pairs")
+        xs.append(element[0])
+        ys.append(element[1])
+    if not xs:
+        raise UserCodeError(f"dataset = {ref!r}: the {split} tf.data.Dataset is empty")
+    return np.stack(xs), np.stack(ys)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# model
+# ----------------------------------------------------------------------------------------------------------------
+def build_model(tf: Any, job: Any, input_shape: tuple[int, ...], num_classes: int | None) -> Any:
+    """The user's model, ``function(input_shape, num_classes, **model_args)``: a single-output tf.keras (Keras 2)
+    model, made functional if it is not (fit needs its inputs), its output cast to float32 under mixed precision."""
+    ref = job.model
+    model = call("model", ref, tuple(input_shape), num_classes, **job.model_args)
+    if not isinstance(model, tf.keras.Model):
+        kind = f"{type(model).__module__}.{type(model).__name__}"
+        if kind.startswith("keras."):
+            raise UserCodeError(f"model = {ref!r} returned a Keras 3 model ({kind}): {KERAS3_HINT}")
+        raise UserCodeError(f"model = {ref!r} returned a {kind}, not a tf.keras.Model")
+    try:
+        if getattr(model, "_is_graph_network", False):  # functional, or Sequential with a known input
+            inputs, outputs = model.inputs, model.outputs
+        else:  # subclassed: called once on a symbolic input
+            inputs = tf.keras.Input(shape=tuple(input_shape), name="features")
+            outputs = tf.nest.flatten(model(inputs))
+    except Exception as e:
+        raise UserCodeError(f"model = {ref!r} cannot take input of shape {tuple(input_shape)}: {_one_line(e)}") \
+            from None
+    if len(outputs) != 1:
+        raise UserCodeError(f"model = {ref!r} has {len(outputs)} outputs: twinbench trains single-output models")
+    if job.mixed_precision:  # as the builtins: the loss sees float32 even under mixed_float16
+        out = tf.keras.layers.Activation("linear", dtype="float32", name="float32_output")(outputs[0])
+        return tf.keras.Model(inputs, out, name=model.name)
+    if inputs is model.inputs:
+        return model
+    return tf.keras.Model(inputs, outputs[0], name=model.name)
