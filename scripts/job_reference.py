@@ -33,7 +33,7 @@ DOC = REPO / "docs" / "jobs.md"
 START = "<!-- job-keys:start -->"
 END = "<!-- job-keys:end -->"
 TYPE_NAMES = {"str": "string", "int": "integer", "float": "float", "bool": "boolean",
-              "tuple[int, ...]": "list of integers"}
+              "tuple[int, ...]": "list of integers", "tuple[str, ...]": "list of strings"}
 
 
 def _comments(source: str) -> dict[int, str]:

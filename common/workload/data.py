@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = ["DataError", "DataUsageError", "check_sharding", "dataset_info", "list_image_folder", "load_arrays",
-           "make_train_dataset", "shard_geometry"]
+           "make_train_dataset", "shard_geometry", "validation_arrays"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -223,3 +223,14 @@ def _tfrecord_stream(tf: Any, job: Job, index: tfrecord.RecordIndex, s: _Slots, 
         ds = tfrecord.read_by_index(tf, index, _global_slots(tf, job, index.size, s).unbatch())
     decode = tfrecord.decoder(tf, shape, num_classes, job.tfrecord_label_offset)
     return ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(s.b, drop_remainder=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public: the validation split (common.training.evaluate)
+# ----------------------------------------------------------------------------------------------------------------
+def validation_arrays(job: Job) -> tuple[np.ndarray, np.ndarray] | None:
+    """The job's validation split in memory, (inputs [N, ...], int labels [N]), or None when it has none.
+
+    Stub: no builtin dataset has a validation split yet (user datasets bring theirs: issue 22, part A).
+    """
+    return None

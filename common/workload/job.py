@@ -35,7 +35,12 @@ OPTIONAL_KEYS = ("mlp_hidden", "image_shape", "num_classes", "synthetic_samples"
                  "tfrecord_label_offset")
 TFRECORD_SHARDINGS = ("exact", "files")
 # Keys added after jobs were first hashed: hashed only when not at their default, so older hashes stay valid.
-LATER_KEYS = ("sync_every_steps", "steps_per_execution")
+LATER_KEYS = ("sync_every_steps", "steps_per_execution", "metrics", "eval_every_epochs", "target_metric",
+              "target_value")
+# Validation metrics (common.training.evaluate.METRICS says what each computes): names Keras' compile accepts for
+# integer labels and logits.
+METRIC_NAMES = ("accuracy", "acc", "sparse_categorical_accuracy", "sparse_top_k_categorical_accuracy")
+STRING_TUPLES = ("metrics",)  # tuple keys holding strings (every other tuple key holds integers)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,11 @@ class Job:
     # 25 keeps the harness tax under 2% on a 1 ms step; 1 gives per-step times (and a forced sync per step).
     sync_every_steps: int = 25  # host reads the losses (and marks the clock) every N steps
     steps_per_execution: int = 1  # Keras fit only: steps per tf.function call (compile(steps_per_execution=))
+    # --- evaluation (common.training.evaluate; only when the dataset has a validation split) ---
+    metrics: tuple[str, ...] = ()  # validation metrics besides the loss, Keras names (accuracy = sparse categorical)
+    eval_every_epochs: int = 1  # evaluate at the end of every N-th epoch, and always after the last step
+    target_metric: str = ""  # "loss" or one of metrics: the record's time to target (empty: no target)
+    target_value: float = 0.0  # reached when target_metric >= it (a metric) or <= it (the loss)
 
     # ------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -101,7 +111,8 @@ class Job:
         if self.optimizer != "momentum":
             d.pop("momentum")
         for key in LATER_KEYS:
-            if d[key] == FIELDS[key].default:
+            default = FIELDS[key].default
+            if d[key] == (list(default) if isinstance(default, tuple) else default):  # to_dict writes lists
                 d.pop(key)
         blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -182,6 +193,7 @@ def _validate(job: Job) -> None:
          f"unknown tfrecord_sharding {job.tfrecord_sharding!r}: use exact or files")
     need(job.tfrecord_label_offset >= 0, f"tfrecord_label_offset must be >= 0, got {job.tfrecord_label_offset}")
     _validate_execution(job, need)
+    _validate_evaluation(job, need)
     if DATASETS[job.dataset].needs_data_dir:
         need(bool(job.data_dir), f"dataset {job.dataset!r} needs data_dir (nothing is downloaded); "
              f"set it in the job file or with --set data_dir=PATH")
@@ -202,6 +214,17 @@ def _validate_execution(job: Job, need: Any) -> None:
              "sees the device only between executions)")
 
 
+def _validate_evaluation(job: Job, need: Any) -> None:
+    """Validation metrics, their schedule and the time-to-target threshold."""
+    for m in job.metrics:
+        need(m in METRIC_NAMES, f"unknown metric {m!r}: use one of {', '.join(METRIC_NAMES)}")
+    need(len(set(job.metrics)) == len(job.metrics), f"metrics lists a name twice: {list(job.metrics)}")
+    need(job.eval_every_epochs >= 1, f"eval_every_epochs must be >= 1, got {job.eval_every_epochs}")
+    need(job.target_metric in ("", "loss", *job.metrics),
+         f"target_metric {job.target_metric!r} must be \"loss\" or one of metrics {list(job.metrics)}")
+    need(math.isfinite(job.target_value), f"target_value must be a finite number, got {job.target_value}")
+
+
 def _coerce(key: str, value: Any, *, from_string: bool) -> Any:
     """Type-check (and, for --set strings, parse) one value against the field's declared type."""
     f = FIELDS[key]
@@ -220,22 +243,28 @@ def _coerce(key: str, value: Any, *, from_string: bool) -> Any:
             if kind is float:
                 return float(text)
             if kind is tuple:
-                parts = [p for p in text.strip("[]() ").split(",") if p.strip()]
+                parts = [p.strip() for p in text.strip("[]() ").split(",") if p.strip()]
+                if key in STRING_TUPLES:
+                    return tuple(p.strip("'\"") for p in parts)
                 return tuple(int(p) for p in parts)
             return text
         except ValueError:
-            raise JobError(f"--set {key}={value}: expected {_type_name(kind)}") from None
+            raise JobError(f"--set {key}={value}: expected {_type_name(kind, key)}") from None
     # values from TOML: exact types, ints accepted for floats, lists for tuples
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if kind is tuple and isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return tuple(value)
+    if kind is tuple and isinstance(value, list):
+        of = str if key in STRING_TUPLES else int
+        if all(isinstance(v, of) and not isinstance(v, bool) for v in value):
+            return tuple(value)
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise JobError(f"job key {key!r}: expected {_type_name(kind)}, got {type(value).__name__} {value!r}")
+        raise JobError(f"job key {key!r}: expected {_type_name(kind, key)}, got {type(value).__name__} {value!r}")
     return value
 
 
-def _type_name(kind: type) -> str:
+def _type_name(kind: type, key: str = "") -> str:
+    if key in STRING_TUPLES:
+        return "a list of strings"
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
             tuple: "a list of integers"}[kind]
 
