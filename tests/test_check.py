@@ -114,6 +114,20 @@ def test_smoke_job_custom_loop_agrees_everywhere(tmp_path):
     assert len(list(tmp_path.glob("*-ctl-n*/*.json"))) == 2 * len(kinds)  # --results keeps the runs
 
 
+EXAMPLE = REPO / "examples" / "my_job.toml"  # part A of issue 22: a user model and dataset with a validation split
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not EXAMPLE.is_file(), reason="examples/my_job.toml arrives with issue 22 part A")
+def test_user_job_with_validation_agrees_everywhere(tmp_path):
+    """End to end: a user job that evaluates; the validation numbers of every run agree (the lead un-skips this
+    by merging part A)."""
+    proc = _check("--job", str(EXAMPLE), "--modes", "ctl", "--steps", "6", "--results", str(tmp_path), timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if " ctl" in line and "vs" in line]
+    assert lines and all(line.split()[-2:] == ["agree", "ok"] for line in lines), proc.stdout  # validation: agree
+
+
 def test_check_imports_no_tensorflow():
     code = "import sys, common.check\nprint('tensorflow' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
