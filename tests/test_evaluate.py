@@ -5,6 +5,7 @@ Python with a fake clock."""
 from __future__ import annotations
 
 import math
+import os
 import types
 
 import numpy as np
@@ -16,6 +17,8 @@ from common.training import loops as loops_mod
 from common.training.loops import StepHooks
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # legacy Keras 2 before TensorFlow loads (as both backends)
 
 
 # -- numbers against numpy ----------------------------------------------------------------------------------------
@@ -48,6 +51,24 @@ def test_loss_and_metrics_equal_a_numpy_computation():
     # the batch size changes no number beyond float32 rounding of the forward pass
     other = evaluate.evaluate_arrays(job, model, x, y, batch=5)
     assert other["loss"] == pytest.approx(got["loss"], rel=1e-6) and other["accuracy"] == got["accuracy"]
+
+
+def test_metric_names_follow_keras_compile_rules_for_other_outputs():
+    """One output per example (a regression or binary model of part A's user code): labels reshaped, not broadcast."""
+    tf = pytest.importorskip("tensorflow")
+    from common.core.errors import UsageError
+
+    rng = np.random.default_rng(4)
+    out = rng.normal(size=(11, 1)).astype(np.float32)
+    y = rng.normal(size=(11,)).astype(np.float32)  # labels of rank 1
+    mae = evaluate.metric_fn("mae")(tf.constant(y), tf.constant(out)).numpy()
+    assert mae.shape == (11,) and np.allclose(mae, np.abs(out[:, 0] - y), rtol=1e-6)
+    yb = (y > 0).astype(np.float32)
+    acc = evaluate.metric_fn("accuracy")(tf.constant(yb), tf.constant(out)).numpy()  # binary accuracy: one output
+    assert np.array_equal(np.reshape(acc, -1), ((out[:, 0] > 0.5) == (yb == 1.0)).astype(np.float32))
+    for name in ("AUC", "no_such_metric"):
+        with pytest.raises(UsageError, match=f"metrics: '{name}' is not a tf.keras.metrics function"):
+            evaluate.metric_fn(name)
 
 
 def test_evaluator_frames_the_evaluation_with_the_backend_collectives():

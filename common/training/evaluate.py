@@ -9,11 +9,13 @@ the validation numbers of its final weights (``due``). An evaluation computes:
 - ``loss``: the mean over the validation examples of the job's per-example loss
   (``common.training.objective.per_example_loss``), summed in float64 on the host. The data loss only: the
   regularisation term the training step losses include is not in it (comparable across ``weight_decay`` values);
-- each of the job's ``metrics``, by Keras name, computed with the functional ``tf.keras.metrics`` per example and
-  averaged like the loss. The rule (``METRICS``) is Keras ``compile``'s for this project's objective, integer class
-  labels and logits: "accuracy" / "acc" / "sparse_categorical_accuracy" = sparse categorical accuracy (the arg max
-  of the logits equals the label; arg max of logits = arg max of probabilities), "sparse_top_k_categorical_accuracy"
-  = the label among the 5 largest logits (Keras' default k).
+- each of the job's ``metrics``, by Keras name, computed per example and averaged like the loss (``metric_fn``).
+  "accuracy" / "acc" follow Keras ``compile``'s rule on the shapes: one output per example = binary accuracy,
+  labels of lower rank than the outputs (integer class labels, the builtin models' logits) = sparse categorical
+  accuracy (arg max of the logits = the label; arg max of logits = arg max of probabilities), else categorical
+  accuracy. Any other name is the ``tf.keras.metrics`` function of that name (e.g. "sparse_top_k_categorical_accuracy"
+  with Keras' k = 5, "mae"), labels reshaped to the outputs' rank as compile does for a metric of one value per
+  label; a stateful metric class (AUC, Precision...) has no per-example value and is refused (exit 2).
 
 Design, for exact agreement across backends and world sizes: EVERY rank evaluates the WHOLE validation set, in
 fixed batches of ``EVAL_BATCH`` examples (independent of the world size and of the per-replica batch), in file order,
@@ -33,22 +35,19 @@ training step started) includes every evaluation before it: time to target is wa
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from common.core.errors import UsageError
 from common.workload.job import Job
 
 EVAL_BATCH = 256  # examples per forward pass: fixed, so no world size or per-replica batch changes the rounding
-# job metric name -> (the functional tf.keras.metrics name, its keyword arguments); keys: job.METRIC_NAMES
-METRICS: dict[str, tuple[str, dict[str, Any]]] = {
-    "accuracy": ("sparse_categorical_accuracy", {}),
-    "acc": ("sparse_categorical_accuracy", {}),
-    "sparse_categorical_accuracy": ("sparse_categorical_accuracy", {}),
-    "sparse_top_k_categorical_accuracy": ("sparse_top_k_categorical_accuracy", {"k": 5}),
-}
+ACCURACY = ("accuracy", "acc")  # Keras compile picks the accuracy from the shapes
+SPARSE = ("sparse_categorical_accuracy", "sparse_top_k_categorical_accuracy", "sparse_categorical_crossentropy")
 
 
 # -- the schedule and the target (no TensorFlow) ------------------------------------------------------------------
@@ -94,6 +93,38 @@ def summary_line(evaluations: Sequence[Mapping[str, Any]], job: Job, ttt: float 
 
 
 # -- the evaluation (TensorFlow) ----------------------------------------------------------------------------------
+def metric_fn(name: str) -> Callable[[Any, Any], Any]:
+    """``(labels, outputs) -> one value per example`` for a job metric name (the rule in the module docstring);
+    UsageError naming it when Keras has no per-example function of that name."""
+    import tensorflow as tf
+
+    m = tf.keras.metrics
+    if name in ACCURACY:
+        def accuracy(y: Any, out: Any) -> Any:  # tf_keras compile_utils.MetricsContainer._get_metric_object's rule
+            if out.shape[-1] == 1:
+                return m.binary_accuracy(y if y.shape.rank == out.shape.rank else tf.expand_dims(y, -1), out)
+            if y.shape.rank < out.shape.rank or y.shape[-1] == 1:
+                return m.sparse_categorical_accuracy(y, out)
+            return m.categorical_accuracy(y, out)
+        return accuracy
+    try:
+        fn = m.get(name)
+    except (ValueError, TypeError):
+        fn = None
+    if isinstance(fn, m.Metric):  # a mean of a per-example function (MeanMetricWrapper): that function
+        inner, kwargs = getattr(fn, "_fn", None), dict(getattr(fn, "_fn_kwargs", None) or {})
+        fn = functools.partial(inner, **kwargs) if callable(inner) else None
+    if fn is None or isinstance(fn, type) or not callable(fn):
+        raise UsageError(f"metrics: {name!r} is not a tf.keras.metrics function with one value per example (such as "
+                         "\"accuracy\", \"sparse_top_k_categorical_accuracy\", \"mae\")")
+    if name in SPARSE:
+        return fn
+
+    def per_label(y: Any, out: Any) -> Any:  # labels of the outputs' rank, as compile reshapes them
+        return fn(tf.expand_dims(y, -1) if y.shape.rank == out.shape.rank - 1 else y, out)
+    return per_label
+
+
 def _batch_fn(job: Job, model: Any) -> Any:
     """A tf.function: (x, y) -> per-example loss and one per-example vector per metric (float32)."""
     import tensorflow as tf
@@ -101,14 +132,17 @@ def _batch_fn(job: Job, model: Any) -> Any:
     from common.training.objective import per_example_loss
 
     loss_obj = per_example_loss(job)
-    fns = [(getattr(tf.keras.metrics, METRICS[m][0]), METRICS[m][1]) for m in job.metrics]
+    fns = [metric_fn(name) for name in job.metrics]
+
+    def per_example_values(v: Any, n: Any) -> Any:  # [n] float32: a [n, ...] result averaged over its other axes
+        v = tf.cast(v, tf.float32)
+        return tf.reduce_mean(tf.reshape(v, [n, -1]), axis=1)
 
     @tf.function(reduce_retracing=True)
     def per_example(x: Any, y: Any) -> list[Any]:
-        logits = tf.cast(model(x, training=False), tf.float32)
-        out = [loss_obj(y, logits)]
-        out += [tf.cast(tf.reshape(fn(y, logits, **kw), [-1]), tf.float32) for fn, kw in fns]
-        return out
+        out = tf.cast(model(x, training=False), tf.float32)
+        n = tf.shape(out)[0]
+        return [per_example_values(f(y, out), n) for f in (loss_obj, *fns)]
 
     return per_example
 
@@ -167,4 +201,6 @@ def make_evaluator(job: Job, model: Any, backend: Any, steps_per_epoch: int, tot
     arrays = data_mod.validation_arrays(job)
     if arrays is None:
         return None
+    for name in job.metrics:
+        metric_fn(name)  # UsageError (exit 2) before the first step for a name without per-example values
     return Evaluator(job, model, backend, arrays, steps_per_epoch, total_steps)
