@@ -62,6 +62,11 @@ def load_arrays(job: Job, scaled: bool = True) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def validation_arrays(job: Job) -> tuple[np.ndarray, np.ndarray] | None:
+    """Stub until issue 22 part A (user datasets bring a validation split): no builtin dataset has one."""
+    return None
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Public: the sharded training pipeline
 # ----------------------------------------------------------------------------------------------------------------
@@ -223,14 +228,3 @@ def _tfrecord_stream(tf: Any, job: Job, index: tfrecord.RecordIndex, s: _Slots, 
         ds = tfrecord.read_by_index(tf, index, _global_slots(tf, job, index.size, s).unbatch())
     decode = tfrecord.decoder(tf, shape, num_classes, job.tfrecord_label_offset)
     return ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(s.b, drop_remainder=True)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Public: the validation split (common.training.evaluate)
-# ----------------------------------------------------------------------------------------------------------------
-def validation_arrays(job: Job) -> tuple[np.ndarray, np.ndarray] | None:
-    """The job's validation split in memory, (inputs [N, ...], int labels [N]), or None when it has none.
-
-    Stub: no builtin dataset has a validation split yet (user datasets bring theirs: issue 22, part A).
-    """
-    return None
