@@ -480,4 +480,3 @@ def test_backends_fed_differently_are_named() -> None:
     (line,) = note("distributed")
     assert "native: distributed" in line and "horovod: per-worker" in line
 
-
