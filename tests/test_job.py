@@ -195,3 +195,25 @@ def test_registry_job_fields_are_job_keys_and_hashed_only_when_read():
         for key in OPTIONAL_KEYS:
             changed = Job(**kw, **{key: other_values[key]}).job_hash != Job(**kw).job_hash
             assert changed == (key in spec.job_fields or key in other.job_fields), (spec.name, key)
+
+
+def test_evaluation_keys_are_hashed_only_when_set_and_validated(tmp_path):
+    base = Job()
+    assert Job(metrics=(), eval_every_epochs=1, target_metric="", target_value=0.0).job_hash == base.job_hash
+    assert Job(metrics=("accuracy",)).job_hash != base.job_hash
+    assert Job(eval_every_epochs=2).job_hash != base.job_hash
+    f = tmp_path / "j.toml"
+    f.write_text('metrics = ["accuracy", "sparse_top_k_categorical_accuracy"]\ntarget_metric = "accuracy"\n'
+                 "target_value = 0.9\n")
+    job = load_job(f, ["eval_every_epochs=3"])
+    assert job.metrics == ("accuracy", "sparse_top_k_categorical_accuracy") and job.eval_every_epochs == 3
+    assert load_job(None, ["metrics=accuracy,acc"]).metrics == ("accuracy", "acc")
+    for sets, message in ((["metrics=top-5"], "metrics must be Keras metric names"),
+                          (["eval_every_epochs=0"], "eval_every_epochs"),
+                          (["target_metric=accuracy"], "use \"loss\" or one of metrics"),
+                          (["metrics=acc,acc"], "twice")):
+        with pytest.raises(JobError, match=message):
+            load_job(None, sets)
+    f.write_text("metrics = [1, 2]\n")
+    with pytest.raises(JobError, match="a list of strings"):
+        load_job(f)

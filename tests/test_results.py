@@ -81,7 +81,8 @@ RECORD_KEYS = [
     "resumed_from_step", "versions", "hosts", "devices", "command", "started_at", "finished_at", "run_id",
     "trainable_params", "gradient_bytes", "initial_weights_digest", "weights_digest", "trainable_weights_digest",
     "weights_consistent", "all_weights_consistent", "asynchronous", "input", "network", "topology",
-    "collective", "tuning", "capabilities", "machine", "artifacts",
+    "collective", "tuning", "capabilities", "machine", "artifacts", "trainable_weights_fingerprint", "evaluations",
+    "time_to_target_s",
 ]
 
 

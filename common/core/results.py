@@ -93,6 +93,12 @@ class RunRecord:
     capabilities: dict[str, Any] | None = None  # Capabilities.record(): variant, compression, controller... (typed)
     machine: dict[str, Any] | None = None  # common.cluster.machine: CPU, GPUs, libraries, Slurm, network, memory
     artifacts: dict[str, Any] | None = None  # TensorBoard / profiler / timeline paths, relative to the results dir
+    # [sum, sum of squares] per trainable variable (float64, model order): final weights compared with a tolerance
+    trainable_weights_fingerprint: list[list[float]] | None = None
+    # validation (common.training.evaluate): per evaluation epoch, step, loss, each job metric, seconds (its own
+    # duration, excluded from the clock marks and throughput) and wall_time (s since the first step, evaluations in)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    time_to_target_s: float | None = None  # wall_time of the first evaluation reaching the job's target; None: not
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (a deep copy), keys in field order."""

@@ -114,9 +114,13 @@ def collective_used(d: Mapping[str, Any]) -> str | None:
 
 def upgrade_run(d: dict[str, Any]) -> None:
     """Fill in, in place, what an older results file says in another way: ``asynchronous`` (before it was a field
-    of its own, only ``backend_info.asynchronous`` recorded parameter-server runs)."""
+    of its own, only ``backend_info.asynchronous`` recorded parameter-server runs); ``evaluations`` ([]) and
+    ``time_to_target_s`` (None) for files written before validation."""
     if not isinstance(d.get("asynchronous"), bool):
         d["asynchronous"] = capabilities(d).get("asynchronous") is True
+    if not isinstance(d.get("evaluations"), list):  # files from before validation: no evaluation, no target time
+        d["evaluations"] = []
+    d.setdefault("time_to_target_s", None)
 
 
 def _read_json(path: Path, warn: Callable[[str], None]) -> tuple[bool, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from common.report.base import NA, NO_INTERVAL, fmt_value
 from common.report.best import best_ratios, best_rows
+from common.report.evaluation import TTT_METHOD, validation_names
 from common.report.machines import format_machines
 from common.report.summary import (
     RATIO_DEN,
@@ -51,7 +52,7 @@ CSV_COLUMNS = (
     "images_per_sec_ci95_high", "images_per_sec_min", "images_per_sec_max", "speedup", "efficiency",
     f"{RATIO_NUM}_{RATIO_DEN}_ratio", "step_time_p50_s", "step_time_p95_s", "step_time_mean_s",
     "time_to_first_step_s", "timed_wall_time_s", "final_loss", "input_method", "input_wait_fraction",
-    "input_verdict", "collective", "variant",
+    "input_verdict", "collective", "variant", "time_to_target_s", "target_reached_repeats", "final_validation",
 )
 
 
@@ -123,6 +124,31 @@ def _like_for_like(q: RatioRow) -> str:
     return "yes" if q.ratio is not None and q.den_collective and q.num_collective else NA
 
 
+def format_validation_table(summary: JobSummary) -> str | None:
+    """Time to target beside throughput, and the final validation numbers, per row; None when no run of the job
+    evaluated (rows of runs without evaluation show n/a)."""
+    names = validation_names(summary.runs)
+    targeted = any(r.targeted for r in summary.rows)
+    if not names and not targeted:
+        return None
+    f = fmt_num
+    header = ["backend", "replicas", "workers", "repeats", "img/s median"]
+    if targeted:
+        header += ["time to target (s)", "reached"]
+    header += [f"final val {n}" for n in names]
+    body = []
+    for r in summary.rows:
+        cells = [r.backend, str(r.world_size), str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f")]
+        if targeted:
+            cells += [f(r.ttt, ".2f"), f"{r.ttt_reached}/{r.targeted}" if r.targeted else NA]
+        cells += [f(r.final_validation.get(n), ".4f") for n in names]
+        body.append(cells)
+    job = summary.job
+    target = (f"target: {job.get('target_metric')} {'<=' if job.get('target_metric') == 'loss' else '>='} "
+              f"{job.get('target_value')}. " if targeted else "")
+    return md_table(header, body) + f"\n\n{target}{TTT_METHOD[0].upper()}{TTT_METHOD[1:]}."
+
+
 def format_best_table(summary: JobSummary) -> str | None:
     """Best vs best (common.report.best) in Markdown: per backend and size the default and the fastest variant,
     then the backend ratio of the fastest beside that of the defaults; None when the job has no variants."""
@@ -184,6 +210,9 @@ def _head(s: JobSummary, h: str) -> list[str]:
                   "on the CPU machine of docs/multinode.md, \"CPU binding\": compare runs bound alike.", ""]
     lines += [f"{h}# Scaling", "", format_table(s), "",
               f"{h}# {RATIO_NUM} / {RATIO_DEN} throughput", "", format_ratio_table(s), ""]
+    validation = format_validation_table(s)
+    if validation:
+        lines += [f"{h}# Time to target and validation", "", validation, ""]
     best = format_best_table(s)
     return lines + ([f"{h}# Best vs best", "", best, ""] if best else [])
 
@@ -322,5 +351,7 @@ def format_csv(summaries: Sequence[JobSummary]) -> str:
                         c(min(r.ips)), c(max(r.ips)), c(r.speedup), c(r.efficiency), c(r.ratio), c(r.step_p50),
                         c(r.step_p95), c(r.step_mean), c(r.time_to_first_step), c(r.timed_wall_time),
                         c(r.final_loss), r.input_method or "", c(r.input_fraction), r.input_verdict or "",
-                        r.collective or "", r.variant or ""])
+                        r.collective or "", r.variant or "", c(r.ttt),
+                        f"{r.ttt_reached}/{r.targeted}" if r.targeted else "",
+                        ";".join(f"{k}={v!r}" for k, v in r.final_validation.items() if v is not None)])
     return buf.getvalue()

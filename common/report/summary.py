@@ -11,6 +11,7 @@ from typing import Any
 
 import backends
 from common.report.base import NA, NO_INTERVAL
+from common.report.evaluation import row_fields as evaluation_fields
 from common.report.load import capabilities, upgrade_run
 from common.report.machines import MachineKey, machine_keys, nodes_text
 from common.report.stats import mean_ci95, median, num
@@ -65,6 +66,10 @@ class Row:
     comparable: bool = True  # the backend's default way of training (strategy, synchronous): in best vs best
     collective: str | None = None  # ``RunRecord.collective.used`` of the repeats ("a, b" if they differ); None: unknown
     gpu: bool = False  # a repeat ran on GPUs (its devices name one)
+    ttt: float | None = None  # time to target (s): median over the repeats that reached it (report.evaluation)
+    ttt_reached: int = 0  # repeats that reached the job's target
+    targeted: int = 0  # repeats whose job set a target
+    final_validation: dict[str, float | None] = field(default_factory=dict)  # last evaluation, median over repeats
 
 
 @dataclass
@@ -144,6 +149,7 @@ def _make_row(backend: str, ws: int, nw: int, runs: list[dict[str, Any]]) -> Row
         comparable=run_strategy(runs[0]) is None and runs[0].get("asynchronous") is not True,
         collective=", ".join(used) if used else None,
         gpu=any(gpu_run(r) for r in runs),
+        **evaluation_fields(runs),
     )
 
 

@@ -79,6 +79,14 @@ class InputClock:
         with tf.control_dependencies(after):
             return self.prev_end.assign(tf.timestamp())
 
+    def restart_gap(self) -> None:
+        """On the host, between two steps (``gap``): the next gap counts from now, not from the previous step's end
+        (an evaluation ran in between, common.training.evaluate). No-op for ``fetch``, which times the fetch only."""
+        import tensorflow as tf
+
+        if self.method == "gap":
+            self.prev_end.assign(tf.timestamp())
+
     def seconds(self) -> float:
         """The timed steps' total (reads the device: call after the loop)."""
         return float(self.total.numpy())

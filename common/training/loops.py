@@ -37,6 +37,11 @@ class StepHooks:
     The agreement is a collective (1-4 ms on this CPU, more than a millisecond step). By default it runs at a sync
     that happens anyway, about once every PREEMPT_CHECK_SECONDS: each agreement also sums the ranks' recent step
     times, from which every rank derives the same next interval in steps.
+
+    Validation (``evaluator``, common.training.evaluate) is not training: a sync is forced where one is due, the
+    evaluation runs right after that sync's mark, and its duration is added to ``excluded``, which every later mark
+    subtracts (``now``): the marks are a training clock, evaluation removed exactly, and each window's wall time
+    everything else. ``evaluations`` get their ``wall_time`` on the real clock (since ``start_clock``).
     """
 
     backend: Backend
@@ -60,6 +65,10 @@ class StepHooks:
     label: str = ""  # <backend>-<mode>-n<replicas>: names this run's profile directory
     trace: Any = None  # common.training.observe.Trace under --profile-steps
     progress: Any = None  # common.training.observe.Progress on a verbose chief
+    evaluator: Any = None  # common.training.evaluate.Evaluator when the job has validation data
+    evaluations: list[dict[str, Any]] = field(default_factory=list)  # this run's, in order (evaluate.Evaluator.run)
+    excluded: float = 0.0  # seconds of evaluation so far: subtracted from every later clock mark
+    t0: float = 0.0  # perf_counter at start_clock: evaluations' wall_time counts from here, evaluations included
 
     @classmethod
     def for_run(cls, ctx: RunContext, start_step: int, preemption: rel.Preemption,
@@ -118,10 +127,15 @@ class StepHooks:
         """Right before the first step is handed over: the mark the first window (and time to first step) starts."""
         if self.trace is not None:
             self.trace.update(0)  # --profile-steps 1:B: the trace covers the first step too
-        self.marks.append((0, time.perf_counter()))
+        self.t0 = time.perf_counter()
+        self.marks.append((0, self.now()))
         self._last_check_time = self.marks[0][1]
         # until the first agreement measures the step time: every PREEMPT_CHECK_STEPS steps, at syncs
         self._check_every = self.opts.preempt_check_steps or max(self.sync_every, PREEMPT_CHECK_STEPS)
+
+    def now(self) -> float:
+        """The training clock: perf_counter without the evaluations so far."""
+        return time.perf_counter() - self.excluded
 
     def between_steps(self) -> None:
         if self.opts.pause_between_steps:
@@ -137,13 +151,14 @@ class StepHooks:
         # an explicit --preempt-check-steps may ask for agreements between the regular syncs
         asked = self.opts.preempt_check_steps and d - self._last_check >= self.opts.preempt_check_steps
         return bool(last == 0 or d >= self.run_steps or d % self.sync_every == 0 or crossed(self.warm) or asked
-                    or (self.trace is not None and self.trace.due(last, d)))
+                    or (self.trace is not None and self.trace.due(last, d))
+                    or (self.evaluator is not None and self.evaluator.due(self.global_step)))
 
     def sync(self, losses: list[float]) -> bool:
         """Record a block just read (the read waited for its steps); True when training must stop now."""
         if self.trace is not None:
             self.trace.update(self.dispatched)  # before the mark: starting or writing a trace is never timed
-        self.marks.append((self.dispatched, time.perf_counter()))
+        self.marks.append((self.dispatched, self.now()))
         self.losses.extend(losses)
         if len(self.losses) != self.dispatched:
             raise RuntimeError(f"loss block out of step: {len(self.losses)} losses for {self.dispatched} steps")
@@ -159,11 +174,25 @@ class StepHooks:
             line = self.progress.at_sync(self.dispatched, self.marks[-1][1], self.losses[-1] if losses else None)
             if line:
                 print(line, flush=True)
+        if self.evaluator is not None and self.evaluator.due(done):
+            self.evaluate()
         if self.dispatched >= self.run_steps:
             return True
         if self.dispatched - self._last_check >= self.check_every:
             return self._agree()
         return False
+
+    def evaluate(self) -> None:
+        """Evaluate now (right after a sync's mark) and take its duration off the training clock."""
+        ping = (lambda: self.watchdog.progress("evaluation")) if self.watchdog is not None else None
+        start = time.perf_counter()
+        result = self.evaluator.run(self.global_step, ping)
+        end = time.perf_counter()
+        self.excluded += end - start
+        self.evaluations.append({**result, "seconds": end - start, "wall_time": end - self.t0})
+        restart = getattr(self.input_clock, "restart_gap", None)
+        if restart is not None:
+            restart()  # fit's input gap: the evaluation ran between two steps, and is no input wait
 
     def _agree(self) -> bool:
         """The preemption agreement: True (and ``stopped_at`` set) when any rank got SIGTERM/SIGUSR1."""

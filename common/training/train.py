@@ -24,14 +24,14 @@ from backends.base import Backend, Capabilities, comm_env, tuning_record
 from common.cluster import machine, netif
 from common.core import results as res
 from common.core.errors import PeerLost, Preempted, UsageError
-from common.training import inputwait, loops, objective, observe
+from common.training import evaluate, inputwait, loops, objective, observe
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
 from common.training.loops import StepHooks
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
 from common.workload import usercode
-from common.workload.job import DEFAULT_LOSS, Job
+from common.workload.job import DEFAULT_LOSS, Job, job_from_dict
 
 
 def build_optimizer(job: Job, lr: float) -> Any:
@@ -44,6 +44,18 @@ def build_optimizer(job: Job, lr: float) -> Any:
     if job.optimizer == "momentum":
         return legacy.SGD(learning_rate=lr, momentum=job.momentum)
     return legacy.Adam(learning_rate=lr)
+
+
+def weights_fingerprint(model: Any) -> list[list[float]]:
+    """[sum, sum of squares] of every trainable variable in float64, in model order: final weights compared with a
+    tolerance across runs (the digests compare bytes)."""
+    import numpy as np
+
+    out = []
+    for w in model.trainable_weights:
+        v = np.asarray(w.numpy(), dtype=np.float64)
+        out.append([float(v.sum()), float(np.square(v).sum())])
+    return out
 
 
 def weights_digest(model: Any, trainable_only: bool = False) -> str:
@@ -69,6 +81,7 @@ class Gathered:
     per_rank_losses: list[list[float]]  # each rank's loss of every step since step 0
     step_losses: list[float]  # their mean per step
     init_digest: str  # the weights the run started from (at step 0, through resumes)
+    evaluations: list[dict[str, Any]]  # the chief's validation results since step 0 (common.training.evaluate)
 
 
 @dataclass
@@ -120,7 +133,10 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
     hooks = StepHooks.for_run(ctx, resume.start_step, preemption, watchdog)
-    loop = backend.train_loop() or (loops.run_fit if job.mode == "fit" else loops.run_ctl)
+    own_loop = backend.train_loop()
+    if own_loop is None:  # the shared loops evaluate; a backend's own (parameter servers) does not
+        hooks.evaluator = evaluate.make_evaluator(job, built.model, backend, plan.steps_per_epoch, plan.total_steps)
+    loop = own_loop or (loops.run_fit if job.mode == "fit" else loops.run_ctl)
     loop(ctx, built.model, built.optimizer, dataset, hooks)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
     backend.sync_model_state(built.model)
@@ -267,6 +283,8 @@ def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init
         "time_to_first_step": (hooks.first_step_done or time.time()) - opts.t_process_start,
         "final_digest": weights_digest(built.model),
         "trainable_digest": weights_digest(built.model, trainable_only=True),
+        "fingerprint": weights_fingerprint(built.model) if backend.is_chief else None,
+        "evaluations": hooks.evaluations if backend.is_chief else [],  # identical values on every rank
         "input": inputwait.rank_measure(hooks.input_clock),  # reads the device once: after the timed loop
         "machine": machine.rank_machine(opts.iface),  # after the last step: the peak RSS is the run's
     }
@@ -276,7 +294,8 @@ def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init
     per_rank_losses = [p + r["losses"] for p, r in zip(prev_rank_losses, everyone)]
     steps_done = min(len(r) for r in per_rank_losses)
     step_losses = [sum(r[i] for r in per_rank_losses) / len(per_rank_losses) for i in range(steps_done)]
-    return Gathered(everyone, per_rank_losses, step_losses, init_digest)
+    evaluations = list(resume.previous.get("evaluations") or []) + everyone[0]["evaluations"]
+    return Gathered(everyone, per_rank_losses, step_losses, init_digest, evaluations)
 
 
 def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathered) -> res.RunRecord:
@@ -331,6 +350,11 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         tuning=tuning_record(list(caps.knobs), comm_env()),
         capabilities=caps.record(),
         machine=machine.combine([r["machine"] for r in everyone]),
+        trainable_weights_fingerprint=everyone[0]["fingerprint"],
+        evaluations=gathered.evaluations,
+        # wall time is measured within one process' life: none across a resume
+        time_to_target_s=None if resume.start_step else evaluate.time_to_target(
+            gathered.evaluations, job.target_metric, job.target_value),
     )
 
 
@@ -344,6 +368,9 @@ def publish(record: res.RunRecord, opts: RunOptions, resume: Resume, trace: obse
               f"{st['p95'] * 1e3:.1f} ms); final loss {record.step_losses[-1]:.5f}", flush=True)
     # Results, not progress: printed under --quiet too, for the parsers that read Horovod's benchmark output.
     print("\n".join(observe.summary_lines(record.to_dict())), flush=True)
+    line = evaluate.summary_line(record.evaluations, job_from_dict(record.job), record.time_to_target_s)
+    if line:
+        print(line, flush=True)
     # After the headline, which marks the end of training for a clock outside the process (bench.clock): the
     # TensorBoard logs take about 0.3 ms per step here (one eager summary op each), no part of the run's work.
     record = observe.finish(record, opts.results_dir, trace)
@@ -373,6 +400,7 @@ def write_checkpoint(ctx: RunContext, ckpt: Any, final: Path, hooks: StepHooks, 
             "job_hash": job.job_hash, "job_name": job.name, "backend": backend.name, "world_size": ctx.plan.replicas,
             "step": hooks.stopped_at, "step_losses": gathered.step_losses,
             "per_rank_step_losses": gathered.per_rank_losses, "initial_weights_digest": gathered.init_digest,
+            "evaluations": gathered.evaluations,
             "signal": hooks.preemption.signalled, "created": res.now_iso(),
         }
         (tmp / "meta.json").write_text(json.dumps(meta))  # written last: its presence marks a complete checkpoint

@@ -89,7 +89,7 @@ class Job:
     # --- evaluation (on the user dataset's validation split) ---
     metrics: tuple[str, ...] = ()  # Keras metric names evaluated on the validation data; none by default
     eval_every_epochs: int = 1  # evaluate every N epochs (when there is something to evaluate): every epoch
-    target_metric: str = ""  # "loss" or one of metrics: stop once it reaches target_value; "" = no target
+    target_metric: str = ""  # "loss" or one of metrics: the record holds the time to target_value; "" = none
     target_value: float = 0.0  # the target of target_metric (unused without one)
     # --- user code (model, dataset, loss given as "package.module:function") ---
     pythonpath: tuple[str, ...] = ()  # directories relative to the job file, first on sys.path; none by default

@@ -1,0 +1,134 @@
+"""``python -m common.check``: the pair-by-pair comparison on synthetic records (no TensorFlow: agreeing and
+diverging runs, so the exit-1 path is tested without a rank-dependent model), bad input (exit 2 before any run),
+and one real check of the smoke job's custom loop on every backend at 1 and 2 workers (4 runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import backends
+from common import check
+from common.check import RunKey
+from tests.conftest import PY, REPO, SMOKE, base_env
+
+LOSSES = [2.3, 1.7, 1.2, 0.9, 0.8, 0.7]
+FINGER = [[-3.5, 40.0], [0.25, 0.5]]
+EVALS = [{"epoch": 0.5, "step": 6, "loss": 1.1, "accuracy": 0.6, "seconds": 0.1, "wall_time": 2.0}]
+
+
+def record(losses=LOSSES, finger=FINGER, evals=EVALS, **extra) -> dict:
+    return {"step_losses": list(losses), "trainable_weights_fingerprint": finger, "evaluations": evals, **extra}
+
+
+def all_runs(kinds=("native", "horovod"), modes=("fit", "ctl")) -> dict[RunKey, dict]:
+    return {RunKey(k, m, w): record() for m in modes for w in (1, 2) for k in kinds}
+
+
+def test_pairs_cover_backends_world_sizes_and_modes():
+    labels = [p[0] for p in check.pairs(list(all_runs()))]
+    assert len(labels) == 12
+    assert "native vs horovod, ctl, 2 workers" in labels
+    assert "horovod fit: 1 worker x 2b vs 2 workers x b" in labels
+    assert "native 1 worker: fit vs ctl" in labels
+    only_ctl = [p[0] for p in check.pairs(list(all_runs(modes=("ctl",))))]
+    assert only_ctl == ["native vs horovod, ctl, 1 worker", "native vs horovod, ctl, 2 workers",
+                        "native ctl: 1 worker x 2b vs 2 workers x b", "horovod ctl: 1 worker x 2b vs 2 workers x b"]
+
+
+def test_agreeing_runs_exit_0_within_the_tolerance():
+    runs = all_runs()
+    # a float32 reduction in another order: 1 worker vs 2 workers differ by ~1e-7, within 1e-5
+    runs[RunKey("native", "fit", 1)] = record([x * (1 + 3e-7) for x in LOSSES])
+    rows = check.compare(runs)
+    assert all(r.ok for r in rows)
+    assert max(r.max_rel for r in rows) == pytest.approx(3e-7, rel=1e-3)
+    status, line = check.verdict(rows)
+    assert status == 0 and "all 12 pairs agree" in line
+    table = check.format_table(rows)
+    assert "max rel loss diff" in table and "native fit: 1 worker x 2b vs 2 workers x b" in table
+
+
+def test_a_rank_dependent_run_exits_1_naming_the_pair_step_and_values():
+    runs = all_runs(modes=("ctl",))
+    bad = list(LOSSES)
+    bad[3] = 0.95  # e.g. a per-rank seed: the 2-worker run drifts from step 4 on
+    runs[RunKey("horovod", "ctl", 2)] = record(bad)
+    rows = check.compare(runs)
+    status, line = check.verdict(rows)
+    assert status == 1
+    assert line == ("DIFFERS: native vs horovod, ctl, 2 workers: loss differs, step 4: 0.9 vs 0.95 "
+                    f"(tolerance {check.RTOL:g})")
+    assert "DIFFERS" in check.format_table(rows)
+    assert [r.ok for r in rows] == [True, False, True, False]
+
+
+def test_final_weights_and_validation_are_compared_too():
+    runs = all_runs(modes=("ctl",))
+    runs[RunKey("native", "ctl", 2)] = record(finger=[[-3.5, 40.0], [0.25, 0.5001]])
+    status, line = check.verdict(check.compare(runs))
+    assert status == 1 and "final weights differs, variable 1 sum of squares 0.5001 vs 0.5" in line
+    runs = all_runs(modes=("ctl",))
+    runs[RunKey("horovod", "ctl", 1)] = record(evals=[{**EVALS[0], "accuracy": 0.65, "wall_time": 9.0}])
+    status, line = check.verdict(check.compare(runs))
+    assert status == 1 and "validation differs, step 6 accuracy: 0.6 vs 0.65" in line
+    # times are not compared; a sum near 0 is compared against the variable's norm, not itself
+    runs = {k: record(finger=[[-3.5, 40.0], [1e-9, 0.5]]) for k in all_runs(modes=("ctl",))}
+    runs[RunKey("horovod", "ctl", 1)] = record(finger=[[-3.5, 40.0], [1e-9, 0.5]],
+                                               evals=[{**EVALS[0], "wall_time": 9.0, "seconds": 3.0}])
+    runs[RunKey("native", "ctl", 1)] = record(finger=[[-3.5, 40.0], [-1e-9, 0.5]])
+    assert check.verdict(check.compare(runs))[0] == 0
+    # records without fingerprints or evaluations (older runs): n/a, not a difference
+    assert check.compare_weights(None, FINGER) == (None, None)
+    assert check.compare_evaluations([], None) == (None, None)
+    assert check.compare_losses(LOSSES, LOSSES[:-1]) == (None, "6 vs 5 steps")
+
+
+def _check(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "common.check", *args], cwd=REPO, env=base_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--job", "nope.toml"], "job file 'nope.toml' not found"),
+    (["--job", SMOKE, "--set", "optimiser=sgd"], "unknown job key"),
+    (["--job", SMOKE, "--modes", "fit,eager"], "--modes 'fit,eager'"),
+    (["--job", SMOKE, "--steps", "0"], "--steps must be >= 1"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_run(args, message):
+    proc = _check(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+
+
+@pytest.mark.distributed
+def test_smoke_job_custom_loop_agrees_everywhere(tmp_path):
+    proc = _check("--job", SMOKE, "--modes", "ctl", "--steps", "6", "--results", str(tmp_path), timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.count("[check] run ") == 2 * len(backends.names())
+    kinds = backends.names()
+    assert f"{kinds[0]} vs {kinds[1]}, ctl, 2 workers" in proc.stdout and "max rel loss diff" in proc.stdout
+    assert "pairs agree to 1e-05" in proc.stdout
+    assert len(list(tmp_path.glob("*-ctl-n*/*.json"))) == 2 * len(kinds)  # --results keeps the runs
+
+
+EXAMPLE = REPO / "examples" / "my_job.toml"  # part A of issue 22: a user model and dataset with a validation split
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not EXAMPLE.is_file(), reason="examples/my_job.toml arrives with issue 22 part A")
+def test_user_job_with_validation_agrees_everywhere(tmp_path):
+    """End to end: a user job that evaluates; the validation numbers of every run agree (the lead un-skips this
+    by merging part A)."""
+    proc = _check("--job", str(EXAMPLE), "--modes", "ctl", "--steps", "6", "--results", str(tmp_path), timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if " ctl" in line and "vs" in line]
+    assert lines and all(line.split()[-2:] == ["agree", "ok"] for line in lines), proc.stdout  # validation: agree
+
+
+def test_check_imports_no_tensorflow():
+    code = "import sys, common.check\nprint('tensorflow' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-500:]
