@@ -1,6 +1,6 @@
 """``python -m common.check``: the pair-by-pair comparison on synthetic records (no TensorFlow: agreeing and
-diverging runs, so the exit-1 path is tested without a rank-dependent model), bad input (exit 2 before any run),
-and one real check of the smoke job's custom loop on every backend at 1 and 2 workers (4 runs)."""
+diverging runs), bad input (exit 2 before any run). The real check, of the example job on every backend, mode and
+world size, and of a rank-dependent model (exit 1), is in tests/test_usercode_parity.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-import backends
 from common import check
 from common.check import RunKey
 from tests.conftest import PY, REPO, SMOKE, base_env
@@ -101,31 +100,6 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(args, message):
     proc = _check(*args)
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
-
-
-@pytest.mark.distributed
-def test_smoke_job_custom_loop_agrees_everywhere(tmp_path):
-    proc = _check("--job", SMOKE, "--modes", "ctl", "--steps", "6", "--results", str(tmp_path), timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.count("[check] run ") == 2 * len(backends.names())
-    kinds = backends.names()
-    assert f"{kinds[0]} vs {kinds[1]}, ctl, 2 workers" in proc.stdout and "max rel loss diff" in proc.stdout
-    assert "pairs agree to 1e-05" in proc.stdout
-    assert len(list(tmp_path.glob("*-ctl-n*/*.json"))) == 2 * len(kinds)  # --results keeps the runs
-
-
-EXAMPLE = REPO / "examples" / "my_job.toml"  # part A of issue 22: a user model and dataset with a validation split
-
-
-@pytest.mark.distributed
-@pytest.mark.skipif(not EXAMPLE.is_file(), reason="examples/my_job.toml arrives with issue 22 part A")
-def test_user_job_with_validation_agrees_everywhere(tmp_path):
-    """End to end: a user job that evaluates; the validation numbers of every run agree (the lead un-skips this
-    by merging part A)."""
-    proc = _check("--job", str(EXAMPLE), "--modes", "ctl", "--steps", "6", "--results", str(tmp_path), timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if " ctl" in line and "vs" in line]
-    assert lines and all(line.split()[-2:] == ["agree", "ok"] for line in lines), proc.stdout  # validation: agree
 
 
 def test_check_imports_no_tensorflow():

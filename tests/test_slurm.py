@@ -227,6 +227,25 @@ def test_srun_native_and_horovod_same_losses(srun_native, srun_horovod):
     assert msg is None, f"srun native vs srun --mpi=pmix horovod: {msg}"
 
 
+@distributed
+def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path):
+    """examples/my_job.toml (a user package found through the job's pythonpath, nothing exported) under srun -n 2
+    (native: SlurmClusterResolver; Horovod: --mpi=pmix) gives the same losses and validation numbers."""
+    got = {}
+    # (srun's own flags, the backend's flags): native takes its ports from --port-base, Horovod its PMIx from srun
+    for kind, srun_flags, flags in (("native", [], ["--port-base", "12800"]), ("horovod", ["--mpi=pmix"], [])):
+        out = tmp_path / kind
+        cmd = [PY, "-m", f"backends.{kind}", "--job", str(REPO / "examples" / "my_job.toml"), "--results", str(out),
+               "--quiet", *flags]
+        cluster.run(["srun", IMMEDIATE, "--kill-on-bad-exit=1", *srun_flags, "-n", "2", *cmd])
+        got[kind] = only_result(out)
+    nat, hvd = got["native"], got["horovod"]
+    assert nat["job"]["code_digest"] and nat["job_hash"] == hvd["job_hash"]
+    msg = first_divergence(nat["step_losses"], hvd["step_losses"], RTOL)
+    assert msg is None, f"srun native vs srun --mpi=pmix horovod on the user's job: {msg}"
+    assert [e["accuracy"] for e in nat["evaluations"]] == pytest.approx([e["accuracy"] for e in hvd["evaluations"]])
+
+
 # -- sbatch scripts ----------------------------------------------------------------------------------------------------
 def test_sbatch_scripts_differ_only_in_the_launch():
     """Identical resources and environment: everything before the launch section is the same text."""
