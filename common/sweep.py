@@ -261,8 +261,9 @@ def submit(a: argparse.Namespace) -> int:
         if a.repeats > 1:
             print(f"[{PROG}] order seed {header['order_seed']}: " + " ".join(f"{o['cell']}#{o['round']}"
                                                                             for o in header["order"]))
+        rounds = "-r<round>" if runs and runs[0]["name"] != runs[0]["cell"] else ""
         print(f"[{PROG}] dry run: {len(runs)} job(s) not submitted; results would land in "
-              f"{results}/<variant>-n<size>{'-r<round>' if runs and runs[0]['name'] != runs[0]['cell'] else ''}/, the manifest in {results / MANIFEST}", flush=True)
+              f"{results}/<variant>-n<size>{rounds}/, the manifest in {results / MANIFEST}", flush=True)
         return 0
     if shutil.which("sbatch") is None:
         fail("sbatch not found: run this on a Slurm login node (or pass --dry-run to see the commands)")
