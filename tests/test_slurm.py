@@ -235,7 +235,8 @@ def test_sbatch_scripts_differ_only_in_the_launch():
     assert len(nat) == len(hvd) == 2
     assert nat[0] == hvd[0]
     assert 'srun ${TB_SRUN_HINT[@]+"${TB_SRUN_HINT[@]}"} python -m backends.native --port-base' in nat[1]
-    assert 'srun --mpi="$TWINBENCH_SRUN_MPI" ${TB_SRUN_HINT[@]+"${TB_SRUN_HINT[@]}"} python -m backends.horovod' in hvd[1]
+    hint = '${TB_SRUN_HINT[@]+"${TB_SRUN_HINT[@]}"}'
+    assert f'srun --mpi="$TWINBENCH_SRUN_MPI" {hint} python -m backends.horovod' in hvd[1]
     assert 'horovodrun -np "$SLURM_NTASKS" -H "$(tb_hvd_hosts)"' in hvd[1]
     for script in ("native.sbatch", "horovod.sbatch", "env.sh"):
         subprocess.run(["bash", "-n", str(REPO / "jobs" / "slurm" / script)], check=True)
