@@ -4,6 +4,7 @@
                                   [--backends native,horovod | --variant LABEL=BACKEND[:ARGS] ...]
                                   [--gres-per-node N] [--cpus-per-task C] [--time T] [--partition P]
                                   [--account A] [--exclusive] [--serial] [--hvd-launch srun|horovodrun]
+                                  [--repeats R [--order-seed S]] [--hint H] [--srun-mpi TYPE] [--module-purge]
                                   [--set KEY=VALUE ...] [--sbatch-arg ARG ...] [--backend-arg ARG ...]
                                   [--native-arg ARG ...] [--horovod-arg ARG ...] [--skip-data-check] [--dry-run]
     python -m common.sweep status DIR [--json] [--wait SECONDS]
@@ -19,6 +20,11 @@ recorded). ``python -m common.report DIR`` reads the results of the whole sweep.
 in one submission: each variant runs at every size, with the same resources as every other run of that size, its
 flags after the shared ones, into ``DIR/<label>-n<size>/`` (e.g. ``--variant hvd-fusion32=horovod:--fusion-threshold-mb
 32 --variant hvd=horovod``). Each backend's own parser checks a variant's flags before anything is submitted.
+
+``--repeats R`` submits R runs of every cell (backend or variant x size) into ``DIR/<cell>-r<round>/``, round
+robin in a seeded order that changes every round (common.sweep_order); the manifest records each job's cell and
+round, and ``status`` counts per cell. ``--hint``, ``--srun-mpi`` and ``--module-purge`` reach the scripts as
+TWINBENCH_HINT, TWINBENCH_SRUN_MPI and TWINBENCH_MODULE_PURGE (jobs/slurm/env.sh).
 
 ``status`` says for every run whether it finished (a results JSON is there), failed, is running or pending,
 from the result files always and from squeue / sacct / scontrol where they answer ("unknown": Slurm no longer
@@ -43,6 +49,7 @@ from typing import Any, NoReturn
 
 import backends
 from common import cli
+from common import sweep_order as so
 from common import sweep_variants as sv
 from common.core import results as res
 from common.workload.job import JobError, load_job
@@ -160,11 +167,11 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     for b in chosen:
         if not (cli.REPO / SCRIPTS[b]).is_file():
             raise SweepError(f"{cli.REPO / SCRIPTS[b]} is missing")
-    runs = []
+    cells = []
     for size in sizes:
         for v in variants:
             name = f"{v.label}-n{size}"
-            runs.append({
+            cells.append({
                 "backend": v.backend,
                 "variant": v.label,
                 "args": list(v.args),  # after the backend's shared flags (header backend_args)
@@ -176,6 +183,10 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
                 "job_id": None,
                 "resources": resource_args(lays[size], a),
             })
+    try:
+        runs = so.ordered_runs(cells, a.repeats, a.order_seed)
+    except ValueError as e:
+        raise SweepError(str(e)) from None
     header = {
         "kind": MANIFEST_KIND,
         "schema": 1,
@@ -192,6 +203,10 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "gres_per_node": a.gres_per_node,
         "hvd_launch": a.hvd_launch,
         "serial": a.serial,
+        "repeats": a.repeats,
+        "order_seed": a.order_seed if a.order_seed is not None or a.repeats == 1 else 0,
+        "order": [{"cell": r["cell"], "round": r["round"]} for r in runs],
+        "launch_env": so.launch_env(a),
         "backend_args": {b: [*a.backend_args, *vars(a)[f"{b}_args"]] for b in backends.names()},
     }
     return runs, header
@@ -233,16 +248,22 @@ def submit(a: argparse.Namespace) -> int:
     results = Path(a.results).resolve()
     env = dict(os.environ)
     env["TWINBENCH_REPO"] = header["repo"]
-    env["HVD_LAUNCH"] = a.hvd_launch
-    env_prefix = f"TWINBENCH_REPO={shlex.quote(header['repo'])} HVD_LAUNCH={a.hvd_launch}"
+    env.update(header["launch_env"])
+    env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in {"TWINBENCH_REPO": header["repo"],
+                                                               **header["launch_env"]}.items())
     if a.dry_run:
         prev = None
         for i, run in enumerate(runs):
             dep = prev if a.serial else None
+            print(f"# job {i + 1}: cell {run['cell']}, round {run['round']}")
             print(env_prefix, shlex.join(sbatch_command(run, header, results, dep)))
             prev = f"<job {i + 1}>"
+        if a.repeats > 1:
+            print(f"[{PROG}] order seed {header['order_seed']}: " + " ".join(f"{o['cell']}#{o['round']}"
+                                                                            for o in header["order"]))
+        rounds = "-r<round>" if runs and runs[0]["name"] != runs[0]["cell"] else ""
         print(f"[{PROG}] dry run: {len(runs)} job(s) not submitted; results would land in "
-              f"{results}/<variant>-n<size>/, the manifest in {results / MANIFEST}", flush=True)
+              f"{results}/<variant>-n<size>{rounds}/, the manifest in {results / MANIFEST}", flush=True)
         return 0
     if shutil.which("sbatch") is None:
         fail("sbatch not found: run this on a Slurm login node (or pass --dry-run to see the commands)")
@@ -405,10 +426,12 @@ def status(a: argparse.Namespace) -> int:
             rows = status_once(root)
     except SweepError as e:
         fail(str(e))
+    counts = so.cell_counts(load_manifest(root)["runs"], rows)
     if a.json:
-        print(json.dumps({"results_dir": str(root), "runs": rows}, indent=1))
+        print(json.dumps({"results_dir": str(root), "runs": rows, "cells": counts}, indent=1))
     else:
         print_table(rows, root)
+        print("\n".join(so.format_cell_counts(counts)), flush=True)
     return exit_code(rows)
 
 
@@ -438,6 +461,7 @@ def parser() -> argparse.ArgumentParser:
                    help="one run at a time: each job depends on the previous one (afterany)")
     s.add_argument("--hvd-launch", choices=("srun", "horovodrun"), default="srun",
                    help="how horovod.sbatch starts ranks (default srun --mpi=pmix)")
+    so.add_options(s)
     s.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
                    help="extra sbatch option for every run, e.g. --sbatch-arg=--qos=normal (repeatable)")
     s.add_argument("--backend-arg", dest="backend_args", action="append", default=[], metavar="ARG",

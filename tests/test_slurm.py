@@ -253,8 +253,9 @@ def test_sbatch_scripts_differ_only_in_the_launch():
     hvd = (REPO / "jobs" / "slurm" / "horovod.sbatch").read_text().split("# -- launch")
     assert len(nat) == len(hvd) == 2
     assert nat[0] == hvd[0]
-    assert "srun python -m backends.native --port-base" in nat[1]
-    assert "srun --mpi=pmix python -m backends.horovod" in hvd[1]
+    assert 'srun ${TB_SRUN_HINT[@]+"${TB_SRUN_HINT[@]}"} python -m backends.native --port-base' in nat[1]
+    hint = '${TB_SRUN_HINT[@]+"${TB_SRUN_HINT[@]}"}'
+    assert f'srun --mpi="$TWINBENCH_SRUN_MPI" {hint} python -m backends.horovod' in hvd[1]
     assert 'horovodrun -np "$SLURM_NTASKS" -H "$(tb_hvd_hosts)"' in hvd[1]
     for script in ("native.sbatch", "horovod.sbatch", "env.sh"):
         subprocess.run(["bash", "-n", str(REPO / "jobs" / "slurm" / script)], check=True)
@@ -272,8 +273,8 @@ def test_sbatch_native_script(cluster, tmp_path_factory):
     info, out = cluster.once("sbatch_native", make)
     assert info["JobState"] == "COMPLETED", info["log"][-3000:]
     assert "[twinbench] knobs:" in info["log"] and "SLURM_KILL_BAD_EXIT=1" in info["log"]
-    assert f"launch: srun python -m backends.native --port-base {12000 + int(info['JobId']) % 250 * 32}" \
-        in info["log"]
+    port = 12000 + int(info["JobId"]) % 250 * 32
+    assert f"launch: srun --hint=nomultithread python -m backends.native --port-base {port}" in info["log"]
     r = only_result(out / "res")
     assert r["backend"] == "native" and r["world_size"] == 2
     assert r["devices"] == ["cpu (CUDA_VISIBLE_DEVICES=0)", "cpu (CUDA_VISIBLE_DEVICES=1)"]

@@ -9,6 +9,10 @@ allreduce microbenchmark, ring allreduce bound for the gradient bytes.
   an upper bound on step time (a lower bound on efficiency) for one-GPU-per-worker data parallelism.
 - Efficiency(N) = t_compute / step(N) (throughput(N) / (N x throughput(1)) with the 1-worker run's step time).
 - Horovod's fp16 compression halves S (the results JSON's ``gradient_bytes`` already reflects it).
+- The planner (``python -m common.scaling``) uses the same :func:`predict` with two more parameters: an overlap
+  fraction (step = compute + comm - overlap x min(compute, comm)) and GPUs per node (a hierarchical allreduce:
+  reduce-scatter and allgather inside a node over an intra-node link, ring across nodes over the inter-node link).
+  Their defaults (0, 1) are the report's model.
 """
 
 from __future__ import annotations
@@ -55,6 +59,64 @@ def comm_time(fit: LinkFit, grad_bytes: float, n: int) -> float:
     return 2 * (n - 1) * fit.alpha_hop + 2 * (n - 1) / n * grad_bytes / fit.bus_bandwidth
 
 
-def predict(t_compute: float, grad_bytes: float, fit: LinkFit, n: int) -> dict[str, float]:
-    step = t_compute + comm_time(fit, grad_bytes, n)
-    return {"world_size": n, "step_time": step, "efficiency": t_compute / step, "comm_time": step - t_compute}
+def stated_link(hop_latency: float, bandwidth: float) -> LinkFit:
+    """A link given by its per-hop latency (s) and bandwidth (bytes/s) instead of a fit: the LinkFit a 2-rank
+    benchmark of that link would give."""
+    if not (hop_latency >= 0 and bandwidth > 0):
+        raise ValueError(f"a link needs latency >= 0 and bandwidth > 0 (got {hop_latency}, {bandwidth})")
+    return LinkFit(n_fit=2, alpha=2 * hop_latency, beta=1 / bandwidth, bus_bandwidth=bandwidth)
+
+
+def node_layout(n: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) of ``n`` workers, nodes filled first; ValueError when ``n`` does not fill whole
+    nodes."""
+    if gpus_per_node < 1:
+        raise ValueError(f"GPUs per node must be >= 1, got {gpus_per_node}")
+    if n <= gpus_per_node:
+        return 1, n
+    if n % gpus_per_node:
+        raise ValueError(f"{n} GPUs do not fill whole nodes of {gpus_per_node}")
+    return n // gpus_per_node, gpus_per_node
+
+
+def hier_comm_time(inter: LinkFit, intra: LinkFit | None, grad_bytes: float, n: int, gpus_per_node: int) -> float:
+    """Hierarchical allreduce of ``grad_bytes`` over ``n`` workers, ``gpus_per_node`` per node: reduce-scatter
+    inside each node over the intra link, ring allreduce across the nodes over the inter link (the node's shards
+    share its link: S crosses it as in a ring of nodes), allgather inside the node. One node: a ring over the intra
+    link; one GPU per node: :func:`comm_time` over the inter link. ``intra`` None: the inter link inside too."""
+    nodes, g = node_layout(n, gpus_per_node)
+    intra = intra or inter
+    if nodes == 1:
+        return comm_time(intra, grad_bytes, g)
+    inside = 0.0
+    if g > 1:  # reduce-scatter + allgather: (g-1) hops and (g-1)/g x S each
+        inside = 2 * (g - 1) * intra.alpha_hop + 2 * (g - 1) / g * grad_bytes / intra.bus_bandwidth
+    return inside + comm_time(inter, grad_bytes, nodes)
+
+
+def overlapped(t_compute: float, comm: float, overlap: float) -> float:
+    """Step time with a fraction ``overlap`` (0 none .. 1 full) of communication hidden behind the backward pass:
+    ``compute + comm - overlap x min(compute, comm)`` (overlap 1: ``max(compute, comm)``)."""
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must be between 0 and 1, got {overlap}")
+    return t_compute + comm - overlap * min(t_compute, comm)
+
+
+def overlap_from_breakdown(phases: dict[str, float], measured_step: float) -> float | None:
+    """The overlap a training run achieved: the breakdown's serialized step (no overlap) minus the run's measured
+    step, as a fraction of min(compute, comm), clamped to [0, 1]; None when compute or comm is 0."""
+    hideable = min(phases.get("compute", 0.0), phases.get("comm", 0.0))
+    if hideable <= 0:
+        return None
+    return min(max((sum(phases.values()) - measured_step) / hideable, 0.0), 1.0)
+
+
+def predict(t_compute: float, grad_bytes: float, fit: LinkFit, n: int, *, overlap: float = 0.0,
+            gpus_per_node: int = 1, intra: LinkFit | None = None) -> dict[str, float]:
+    """Predicted step (s), allreduce time and efficiency at ``n`` workers. Defaults (no overlap, one GPU per node):
+    the flat ring the report's model uses."""
+    comm = hier_comm_time(fit, intra, grad_bytes, n, gpus_per_node)
+    step = overlapped(t_compute, comm, overlap)
+    nodes, _ = node_layout(n, gpus_per_node)
+    return {"world_size": n, "nodes": nodes, "step_time": step, "efficiency": t_compute / step, "comm_time": comm,
+            "exposed_comm": step - t_compute}

@@ -4,6 +4,7 @@ common.diagnostics.scaling)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from common.diagnostics import scaling
@@ -30,8 +31,20 @@ def format_allreduce(benches: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One backend's model: fitted link, predicted vs measured table and extrapolation; or why there is none."""
+@dataclass(frozen=True)
+class ModelInputs:
+    """What the scaling model of one backend is computed from (the report's and the planner's)."""
+
+    backend: str
+    t_compute: float  # s, the 1-replica median step
+    grad_bytes: float
+    fit: scaling.LinkFit
+    bench_world_size: int
+    compression: str | None
+
+
+def model_inputs(summary: JobSummary, backend: str, benches: Sequence[Mapping[str, Any]]) -> ModelInputs | str:
+    """The model's inputs for ``backend`` from the measurements, or the sentence saying why there are none."""
     base = next((r for r in summary.rows if r.backend == backend and r.world_size == 1), None)
     bench = next((b for b in reversed(benches) if b["backend"] == backend and b["world_size"] >= 2), None)
     grad = median(num(r.get("gradient_bytes")) for r in summary.runs
@@ -39,16 +52,24 @@ def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Mapping[
     if base is None or bench is None or grad is None or base.step_p50 is None:
         missing = [w for w, ok in (("a 1-replica run", base is not None and grad is not None),
                                    ("an allreduce benchmark at >= 2 ranks", bench is not None)) if not ok]
-        return [f"- {backend}: no model ({' and '.join(missing)} missing)"]
+        return f"no model ({' and '.join(missing)} missing)"
     fit = scaling.fit_alpha_beta(bench["rows"], bench["world_size"])
     if fit is None:
-        return [f"- {backend}: no model (the allreduce times do not fit alpha + beta x bytes)"]
-    tc = base.step_p50
+        return "no model (the allreduce times do not fit alpha + beta x bytes)"
     comp = next((capabilities(r).get("compression") for r in summary.runs if r["backend"] == backend), None)
+    return ModelInputs(backend, base.step_p50, grad, fit, bench["world_size"], comp)
+
+
+def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One backend's model: fitted link, predicted vs measured table and extrapolation; or why there is none."""
+    m_in = model_inputs(summary, backend, benches)
+    if isinstance(m_in, str):
+        return [f"- {backend}: {m_in}"]
+    tc, grad, fit, comp = m_in.t_compute, m_in.grad_bytes, m_in.fit, m_in.compression
     lines = [f"### Model: {backend}", "",
              f"Compute time per step {tc * 1e3:.2f} ms (1-replica median step), gradient bytes S = "
              f"{int(grad):,}{' (fp16 compression: half of float32)' if comp == 'fp16' else ''}; fitted from "
-             f"the {bench['world_size']}-rank allreduce benchmark: latency {fit.alpha * 1e6:.1f} us "
+             f"the {m_in.bench_world_size}-rank allreduce benchmark: latency {fit.alpha * 1e6:.1f} us "
              f"({fit.alpha_hop * 1e6:.2f} us per ring hop), bus bandwidth {fit.bus_bandwidth / 1e9:.3f} GB/s. "
              "Step(N) = compute + 2(N-1) x hop latency + 2(N-1)/N x S / B, no overlap (an upper bound).", ""]
     measured = {r.world_size: r for r in summary.rows if r.backend == backend}

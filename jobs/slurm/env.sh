@@ -3,6 +3,10 @@
 #
 #   TWINBENCH_REPO       repository root (default: the directory sbatch was called from, $SLURM_SUBMIT_DIR)
 #   TWINBENCH_MODULES    site modules to load first, e.g. "cuda/12.2 nccl" (default: none)
+#   TWINBENCH_MODULE_PURGE=1  `module purge` before loading them (as IDRIS writes it; only where `module` exists)
+#   TWINBENCH_HINT       srun --hint for every launch (default nomultithread: one task per physical core, as
+#                        IDRIS writes it; empty: no --hint, the site's default)
+#   TWINBENCH_SRUN_MPI   srun --mpi of the Horovod launch: pmix (default), pmi2, pmix_v4 or none
 #   TWINBENCH_CONDA_ENV  conda environment to activate (default: none; then the repo's .venv when present,
 #                        else whatever `python` is on PATH)
 #   TWINBENCH_IFACE      data network interface, the same name on every node (e.g. ib0): Gloo, Open MPI, NCCL,
@@ -20,6 +24,10 @@ export TWINBENCH_REPO
 
 # -- software: modules, then conda or the repo's .venv -------------------------------------------------
 set +u  # module and conda scripts read unset variables
+if [ "${TWINBENCH_MODULE_PURGE:-0}" = 1 ] && command -v module >/dev/null 2>&1; then
+  tb_log "module purge"
+  module purge || tb_die "module purge failed"
+fi
 if [ -n "${TWINBENCH_MODULES:-}" ]; then
   command -v module >/dev/null 2>&1 || tb_die "TWINBENCH_MODULES is set but there is no 'module' command"
   # shellcheck disable=SC2086
@@ -77,6 +85,17 @@ tb_hvd_hosts() {
   for i in "${!hosts[@]}"; do out+="${out:+,}${hosts[$i]}:${counts[$i]:-1}"; done
   printf '%s\n' "$out"
 }
+
+# srun's options of the launch line: --hint (TWINBENCH_HINT) for both scripts, --mpi for Horovod's srun launch.
+TWINBENCH_HINT=${TWINBENCH_HINT-nomultithread}
+TB_SRUN_HINT=()
+if [ -n "$TWINBENCH_HINT" ]; then TB_SRUN_HINT=(--hint="$TWINBENCH_HINT"); fi
+TWINBENCH_SRUN_MPI=${TWINBENCH_SRUN_MPI:-pmix}
+case $TWINBENCH_SRUN_MPI in
+  pmix | pmi2 | pmix_v4 | none) ;;
+  *) tb_die "TWINBENCH_SRUN_MPI must be pmix, pmi2, pmix_v4 or none, not '$TWINBENCH_SRUN_MPI'" ;;
+esac
+export TWINBENCH_HINT TWINBENCH_SRUN_MPI
 
 # -- what this run is: into the log ----------------------------------------------------------------------
 tb_log "job ${SLURM_JOB_ID:-none} '${SLURM_JOB_NAME:-}' on ${SLURM_JOB_NODELIST:-$(hostname)}:" \

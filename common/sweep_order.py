@@ -1,0 +1,90 @@
+"""Repeated, interleaved sweeps (``common.sweep submit --repeats R``): the submission order and the per-cell count.
+
+A cell is one backend (or variant) at one size. R repeats of every cell are submitted round by round: each round
+is a permutation of the cells, shuffled with a seeded generator (``--order-seed``, recorded in the manifest), a
+different order each round, and the first job of a round never repeats the cell of the previous round's last job
+(when there are at least two cells), so consecutive jobs always change cell: a drift of the machine over the sweep
+(another job's traffic, a thermal state, a file system's load) spreads over every cell instead of biasing one.
+No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+SRUN_MPI = ("pmix", "pmi2", "pmix_v4", "none")  # srun --mpi types of the Horovod launch (jobs/slurm/env.sh)
+
+
+def interleave(cells: Sequence[str], repeats: int, seed: int) -> list[tuple[str, int]]:
+    """(cell, round) of every job in submission order: ``repeats`` rounds, each a seeded permutation of ``cells``;
+    consecutive jobs differ in cell across round boundaries too (when there are >= 2 cells)."""
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    if len(set(cells)) != len(cells):
+        raise ValueError(f"cells are not distinct: {list(cells)}")
+    rng = random.Random(seed)
+    out: list[tuple[str, int]] = []
+    for rnd in range(repeats):
+        perm = list(cells)
+        rng.shuffle(perm)
+        if out and len(perm) > 1 and perm[0] == out[-1][0]:
+            k = rng.randrange(1, len(perm))
+            perm[0], perm[k] = perm[k], perm[0]
+        out += [(c, rnd) for c in perm]
+    return out
+
+
+def ordered_runs(cells: Sequence[dict[str, Any]], repeats: int, seed: int | None) -> list[dict[str, Any]]:
+    """The runs of a sweep from its cells (planned runs of one repeat, in size x variant order): unchanged for one
+    repeat without a seed; else interleaved, each named ``<cell>-r<round>`` (rounds from 1) into its own directory
+    and log, with ``cell``, ``round`` and ``order`` (0-based submission position) recorded."""
+    if repeats == 1 and seed is None:
+        return [{**c, "cell": c["name"], "round": 1, "order": i} for i, c in enumerate(cells)]
+    by_name = {c["name"]: c for c in cells}
+    out = []
+    for i, (cell, rnd) in enumerate(interleave(list(by_name), repeats, seed or 0)):
+        name = f"{cell}-r{rnd + 1}"
+        out.append({**by_name[cell], "name": name, "results_dir": name, "log": f"logs/{name}-%j.out", "cell": cell,
+                    "round": rnd + 1, "order": i})
+    return out
+
+
+def cell_counts(runs: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """cell -> {"done", "failed", "pending", "of"} from the manifest's runs and their status rows (same order):
+    failed counts unknown runs (Slurm forgot them and there is no result), pending counts running ones."""
+    out: dict[str, dict[str, int]] = {}
+    for run, row in zip(runs, rows, strict=True):
+        c = out.setdefault(run.get("cell", run["results_dir"]), {"done": 0, "failed": 0, "pending": 0, "of": 0})
+        c["of"] += 1
+        c[{"finished": "done", "failed": "failed", "unknown": "failed"}.get(row["state"], "pending")] += 1
+    return out
+
+
+def format_cell_counts(counts: dict[str, dict[str, int]]) -> list[str]:
+    width = max((len(c) for c in counts), default=4)
+    return [f"{cell.ljust(width)}  done {c['done']}/{c['of']}, failed {c['failed']}, pending {c['pending']}"
+            for cell, c in counts.items()]
+
+
+def add_options(s: argparse.ArgumentParser) -> None:
+    """``submit``'s repeat and launch options."""
+    s.add_argument("--repeats", type=int, default=1, help="runs per cell (backend x size), interleaved round robin")
+    s.add_argument("--order-seed", type=int, default=None, help="seed of the rounds' order (default 0; recorded)")
+    s.add_argument("--hint", default=os.environ.get("TWINBENCH_HINT", "nomultithread"),
+                   help="srun --hint=... in the scripts (default nomultithread; '' = none): TWINBENCH_HINT")
+    s.add_argument("--srun-mpi", choices=SRUN_MPI, default=os.environ.get("TWINBENCH_SRUN_MPI", "pmix"),
+                   help="srun --mpi=... of the Horovod launch (default pmix): TWINBENCH_SRUN_MPI")
+    s.add_argument("--module-purge", action="store_true",
+                   help="module purge before module load in the scripts: TWINBENCH_MODULE_PURGE=1")
+
+
+def launch_env(a: argparse.Namespace) -> dict[str, str]:
+    """The environment the sbatch scripts read for the launch (jobs/slurm/env.sh), exported to every job."""
+    out = {"HVD_LAUNCH": a.hvd_launch, "TWINBENCH_SRUN_MPI": a.srun_mpi, "TWINBENCH_HINT": a.hint}
+    if a.module_purge:
+        out["TWINBENCH_MODULE_PURGE"] = "1"
+    return out
