@@ -40,7 +40,7 @@ from common.report.render import (
     format_table,
 )
 from common.report.selection import different_jobs_message, job_diff, select_jobs
-from common.report.stats import mean_ci95, median, t_quantile_975
+from common.report.stats import Interval, median, median_interval, ratio_interval
 from common.report.summary import JobSummary, RatioRow, Row, order_backends, summarize
 from common.report.versions import version_mix
 
@@ -51,7 +51,7 @@ __all__ = [
     "TABLE_HEADER", "JobSummary", "MixedVersionsError", "RatioRow", "Report", "ReportError", "Row", "build_report",
     "check_run", "check_versions", "different_jobs_message", "format_allreduce", "format_best_table", "format_csv",
     "format_markdown", "format_model", "format_ratio_table", "format_section", "format_table", "job_diff",
-    "load_allreduce", "load_runs", "main", "mean_ci95", "median", "order_backends", "plot_allreduce", "plot_job",
-    "recompute_job_hash", "result_files", "select_jobs", "summarize", "t_quantile_975", "version_mix",
+    "load_allreduce", "load_runs", "main", "Interval", "median", "median_interval", "order_backends", "plot_allreduce", "plot_job",
+    "recompute_job_hash", "result_files", "select_jobs", "ratio_interval", "summarize", "version_mix",
     "write_report",
 ]

@@ -4,6 +4,7 @@ common.diagnostics.scaling)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from common.diagnostics import scaling
@@ -30,7 +31,40 @@ def format_allreduce(benches: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Mapping[str, Any]]) -> list[str]:
+Block = tuple[Any, ...]  # ("h", title) | ("p", text) | ("table", header, body): rendered as Markdown or HTML
+MAX_EXTRAPOLATION = 4  # the model's table goes at most this factor beyond the largest measured size by default
+
+
+@dataclass
+class ModelSection:
+    """One job's scaling model, as blocks both report.md and report.html render."""
+
+    title: str
+    blocks: list[Block]
+
+    @property
+    def markdown(self) -> str:
+        out = [f"## {self.title}", ""]
+        for b in self.blocks:
+            if b[0] == "h":
+                out += [f"### {b[1]}", ""]
+            elif b[0] == "p":
+                out += [b[1], ""]
+            else:
+                out += [md_table(b[1], b[2]), ""]
+        return "\n".join(out).rstrip("\n")
+
+
+def extrapolation_sizes(largest: int, extrapolate_to: int | None = None) -> list[int]:
+    """The world sizes of the model's extrapolation: scaling.EXTRAPOLATE's beyond the largest measured size, up to
+    ``extrapolate_to`` if given, else MAX_EXTRAPOLATION x the largest measured size."""
+    limit = extrapolate_to if extrapolate_to is not None else MAX_EXTRAPOLATION * largest
+    sizes = [n for n in scaling.EXTRAPOLATE if largest < n <= limit]
+    return sizes + ([limit] if limit > largest and limit not in sizes else [])
+
+
+def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Mapping[str, Any]],
+                   extrapolate_to: int | None = None) -> list[Block]:
     """One backend's model: fitted link, predicted vs measured table and extrapolation; or why there is none."""
     base = next((r for r in summary.rows if r.backend == backend and r.world_size == 1), None)
     bench = next((b for b in reversed(benches) if b["backend"] == backend and b["world_size"] >= 2), None)
@@ -39,18 +73,18 @@ def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Mapping[
     if base is None or bench is None or grad is None or base.step_p50 is None:
         missing = [w for w, ok in (("a 1-replica run", base is not None and grad is not None),
                                    ("an allreduce benchmark at >= 2 ranks", bench is not None)) if not ok]
-        return [f"- {backend}: no model ({' and '.join(missing)} missing)"]
+        return [("p", f"- {backend}: no model ({' and '.join(missing)} missing)")]
     fit = scaling.fit_alpha_beta(bench["rows"], bench["world_size"])
     if fit is None:
-        return [f"- {backend}: no model (the allreduce times do not fit alpha + beta x bytes)"]
+        return [("p", f"- {backend}: no model (the allreduce times do not fit alpha + beta x bytes)")]
     tc = base.step_p50
     comp = next((capabilities(r).get("compression") for r in summary.runs if r["backend"] == backend), None)
-    lines = [f"### Model: {backend}", "",
-             f"Compute time per step {tc * 1e3:.2f} ms (1-replica median step), gradient bytes S = "
+    blocks: list[Block] = [("h", f"Model: {backend}"), (
+        "p", f"Compute time per step {tc * 1e3:.2f} ms (1-replica median step), gradient bytes S = "
              f"{int(grad):,}{' (fp16 compression: half of float32)' if comp == 'fp16' else ''}; fitted from "
              f"the {bench['world_size']}-rank allreduce benchmark: latency {fit.alpha * 1e6:.1f} us "
              f"({fit.alpha_hop * 1e6:.2f} us per ring hop), bus bandwidth {fit.bus_bandwidth / 1e9:.3f} GB/s. "
-             "Step(N) = compute + 2(N-1) x hop latency + 2(N-1)/N x S / B, no overlap (an upper bound).", ""]
+             "Step(N) = compute + 2(N-1) x hop latency + 2(N-1)/N x S / B, no overlap (an upper bound).")]
     measured = {r.world_size: r for r in summary.rows if r.backend == backend}
     body = []
     for n in sorted(measured):
@@ -58,22 +92,32 @@ def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Mapping[
         m = measured[n]
         body.append([str(n), fmt_num(m.step_p50, ".2f", 1e3), fmt_num(p["step_time"], ".2f", 1e3),
                      fmt_num(m.efficiency, ".1f", 100, "%"), fmt_num(p["efficiency"], ".1f", 100, "%")])
-    lines += [md_table(("replicas", "measured step p50 (ms)", "predicted step (ms)", "measured efficiency",
-                        "predicted efficiency"), body), ""]
+    blocks.append(("table", ("replicas", "measured step p50 (ms)", "predicted step (ms)", "measured efficiency",
+                             "predicted efficiency"), body))
+    sizes = extrapolation_sizes(max(measured), extrapolate_to)
+    if not sizes:
+        return blocks
     body = [[str(n), fmt_num(p["step_time"], ".2f", 1e3), fmt_num(p["comm_time"], ".2f", 1e3),
-             fmt_num(p["efficiency"], ".1f", 100, "%")]
-            for n in scaling.EXTRAPOLATE for p in [scaling.predict(tc, grad, fit, n)]]
-    return lines + ["Extrapolation (MODEL, not measured; assumes the benchmarked links at every size):", "",
-                    md_table(("replicas", "predicted step (ms)", "of which allreduce (ms)", "predicted efficiency"),
-                             body), ""]
+             fmt_num(p["efficiency"], ".1f", 100, "%")] for n in sizes for p in [scaling.predict(tc, grad, fit, n)]]
+    how_far = f"up to {extrapolate_to} replicas (--extrapolate-to)" if extrapolate_to is not None else \
+        f"at most {MAX_EXTRAPOLATION}x the largest measured size; --extrapolate-to N for more"
+    return blocks + [("p", f"Extrapolation (MODEL, not measured; assumes the benchmarked links at every size; "
+                           f"{how_far}):"),
+                     ("table", ("replicas", "predicted step (ms)", "of which allreduce (ms)", "predicted efficiency"),
+                      body)]
 
 
-def format_model(summary: JobSummary, benches: Sequence[Mapping[str, Any]]) -> str:
-    """Predicted vs measured step time and efficiency per backend, and the extrapolation (a model, labelled)."""
+def format_model(summary: JobSummary, benches: Sequence[Mapping[str, Any]],
+                 extrapolate_to: int | None = None) -> ModelSection | None:
+    """Predicted vs measured step time and efficiency per backend, and the extrapolation: a section of its own,
+    labelled a model (never in the measured tables and plots); None when no backend can be modelled."""
     # Asynchronous rows (their own labels, no backend of a run) exchange no allreduce: no model for them.
     real = {r["backend"] for r in summary.runs}
-    lines = [line for backend in summary.backends if backend in real
-             for line in _backend_model(summary, backend, benches)]
-    if not lines:
-        return ""
-    return "\n".join([f"## Scaling model — {summary.name} (`{summary.job_hash}`)", "", *lines])
+    blocks = [b for backend in summary.backends if backend in real
+              for b in _backend_model(summary, backend, benches, extrapolate_to)]
+    if not blocks:
+        return None
+    intro = ("p", "Model, not measured: an alpha-beta model fitted to the allreduce microbenchmark; its numbers are "
+                  "predictions, kept out of the measured tables and plots above.")
+    return ModelSection(f"Scaling model (Model, not measured) — {summary.name} (`{summary.job_hash}`)",
+                        [intro, *blocks])
