@@ -13,10 +13,10 @@ from typing import Any
 import backends
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord, write_atomic
 from common.report.base import MixedVersionsError, ReportError, warn
+from common.report.htmlpage import format_html
 from common.report.load import load_allreduce, load_breakdowns, load_runs, result_files
 from common.report.model import format_allreduce, format_model
 from common.report.plots import plot_allreduce, plot_breakdown, plot_job
-from common.report.htmlpage import format_html
 from common.report.render import fmt_num, format_csv, format_markdown, md_table
 from common.report.selection import select_jobs
 from common.report.stats import median, num

@@ -81,7 +81,6 @@ def _setup_x(ax: Any, sizes: Sequence[int]) -> None:
 def _throughput(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int], title: str) -> bytes:
     fig = _new_figure()
     ax = fig.add_subplot()
-    several = len({(r.backend, r.world_size) for r in s.rows}) < len(s.rows)  # a size with several layouts
     for b in s.backends:
         rows = [r for r in s.rows if r.backend == b]
         xs = [r.world_size for r in rows]
@@ -93,7 +92,7 @@ def _throughput(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int]
             if r not in main:  # another layout at a size already drawn: a point of its own, hollow
                 ax.plot([r.world_size], [r.ips_median], marker=marker, linestyle="none", color=color,
                         markerfacecolor="white")
-            if several:
+            if sum(x == r.world_size for x in xs) > 1:  # several layouts at this size: name each
                 ax.annotate(r.layout, (r.world_size, r.ips_median), textcoords="offset points", xytext=(5, -10),
                             fontsize=7, color=color)
             if r.ips_interval is not None:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from common.report.base import NA, NO_INTERVAL, fmt_value
-from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS
 from common.report.best import best_ratios, best_rows
 from common.report.machines import format_machines
+from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS
 from common.report.summary import (
     RATIO_DEN,
     RATIO_NUM,

@@ -84,9 +84,9 @@ class RatioRow:
     den_ips: float | None
     num_ips: float | None
     ratio: float | None
-    machine: str = ""
+    machine: str = ""  # the pair's hardware and nodes when the job ran on several machines ("": one machine)
     ratio_ci: tuple[float, float] | None = None  # bootstrap 95% interval (None: a cell has < 6 repeats)
-    layout: str = ""  # the pair's layouts, e.g. "1x2" or "1x2 / 2x1" when they differ  # the pair's hardware and nodes when the job ran on several machines ("": one machine)
+    layout: str = ""  # the pair's layouts, e.g. "1x2" or "1x2 / 2x1" when they differ
     den_collective: str | None = None  # the rows' used collectives
     num_collective: str | None = None
     caveat: str | None = None  # why the ratio is not like for like (collectives_caveat), None when it is
