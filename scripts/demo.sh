@@ -9,7 +9,7 @@ JOB=${JOB:-jobs/smoke.toml}
 OUT=${OUT:-demo-results}
 MODE=${MODE:-fit}
 STEPS=${STEPS:-200}  # smoke.toml's 12 steps test correctness; 200 (10 untimed) give the timing something to average
-REPEATS=${REPEATS:-3}  # runs per backend x world size: three is the fewest that gives the report an interval
+REPEATS=${REPEATS:-3}  # runs per backend x world size: 2-5 give the report a min-max range, 6 a 95% CI
 export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/$VENV/bin:$PATH"
 for v in REPEATS STEPS; do
   case ${!v} in ''|*[!0-9]*|0) echo "demo: $v must be a positive integer, got '${!v}'" >&2; exit 2 ;; esac
