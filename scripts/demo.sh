@@ -42,8 +42,9 @@ cell() {
 mapfile -t BACKENDS < <($PY -m backends names)
 CELLS=()
 for n in 1 2; do for b in "${BACKENDS[@]}"; do CELLS+=("$b $n"); done; done
-# Repeats give the report its 95% intervals; cells are interleaved, in reverse order every other repeat, so that a
-# drift of the machine (another job, thermal) hits both backends alike instead of one backend's block of runs.
+# Repeats give the report its intervals (min-max; a 95% CI from 6 repeats); cells are interleaved, in reverse order
+# every other repeat, so that a drift of the machine (another job, thermal) hits both backends alike instead of one
+# backend's block of runs.
 for ((r = 1; r <= REPEATS; r++)); do
   tag=$( ((REPEATS > 1)) && echo "-r$r" || true)
   for ((i = 0; i < ${#CELLS[@]}; i++)); do
