@@ -23,6 +23,7 @@ from common.report.render import (
     scaling_table,
 )
 from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, row_label
+from common.report.versions import versions_by_key
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1400px;
@@ -82,8 +83,10 @@ def _job(s: JobSummary, images: Sequence[Path]) -> list[str]:
     if s.notes:
         out += ["<h3>Notes</h3>", "<ul>", *(f"<li>{esc(n)}</li>" for n in s.notes), "</ul>"]
     runs = sorted(s.runs, key=lambda r: (row_label(r), r["world_size"]))
+    versions = "; ".join(f"{k} {', '.join(sorted(v))}" for k, v in versions_by_key(s.runs).items())
     out += ["<h3>Machine</h3>", "<ul>",
-            *(f"<li>{esc(line.removeprefix('- '))}</li>" for line in format_machines(runs, row_label)), "</ul>"]
+            *(f"<li>{esc(line.removeprefix('- '))}</li>" for line in format_machines(runs, row_label)),
+            f"<li>software: {esc(versions or 'n/a')}</li>", "</ul>"]
     return out
 
 
