@@ -9,7 +9,7 @@ JOB=${JOB:-jobs/smoke.toml}
 OUT=${OUT:-demo-results}
 MODE=${MODE:-fit}
 STEPS=${STEPS:-200}  # smoke.toml's 12 steps test correctness; 200 (10 untimed) give the timing something to average
-REPEATS=${REPEATS:-3}  # runs per backend x world size: three is the fewest that gives the report an interval
+REPEATS=${REPEATS:-3}  # runs per backend x world size: 2-5 give the report a min-max range, 6 a 95% CI
 export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/$VENV/bin:$PATH"
 for v in REPEATS STEPS; do
   case ${!v} in ''|*[!0-9]*|0) echo "demo: $v must be a positive integer, got '${!v}'" >&2; exit 2 ;; esac
@@ -42,8 +42,9 @@ cell() {
 mapfile -t BACKENDS < <($PY -m backends names)
 CELLS=()
 for n in 1 2; do for b in "${BACKENDS[@]}"; do CELLS+=("$b $n"); done; done
-# Repeats give the report its 95% intervals; cells are interleaved, in reverse order every other repeat, so that a
-# drift of the machine (another job, thermal) hits both backends alike instead of one backend's block of runs.
+# Repeats give the report its intervals (min-max; a 95% CI from 6 repeats); cells are interleaved, in reverse order
+# every other repeat, so that a drift of the machine (another job, thermal) hits both backends alike instead of one
+# backend's block of runs.
 for ((r = 1; r <= REPEATS; r++)); do
   tag=$( ((REPEATS > 1)) && echo "-r$r" || true)
   for ((i = 0; i < ${#CELLS[@]}; i++)); do

@@ -11,6 +11,7 @@
 #                          default ~/.cache/twinbench
 #   TWINBENCH_WITH_SLURM=1 also Debian's slurm-wlm and munge (tests/test_slurm.py), and openssh-server and iproute2
 #                          for the emulated multi-node cluster (tests/cluster/cluster.sh, tests/test_cluster.py)
+#                          and chromium (headless: tests/test_report_stats.py renders report.html)
 #   HOROVOD_GPU_OPERATIONS=NCCL (or any HOROVOD_GPU_* build variable): a GPU build; with TF 2.21 it also applies
 #                          scripts/patches/horovod-0.28.1-tf2.21-gpu.patch (not compiled on the development machine)
 # `scripts/setup.sh --horovod-only` builds and installs only Horovod (plus the build marker), into the Python
@@ -72,6 +73,8 @@ if [ $HOROVOD_ONLY = 0 ]; then
     # its nodes and links with ip and tc; ssh-keygen comes with openssh-client, a dependency of openssh-server.
     [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
     { command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1; } || need_apt+=(iproute2)
+    # headless Chromium renders report.html in tests/test_report_stats.py (which fails without it under CI)
+    command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
   fi
   if [ ${#need_apt[@]} -gt 0 ]; then
     log "installing Debian packages: ${need_apt[*]}"

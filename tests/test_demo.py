@@ -27,13 +27,15 @@ def test_demo_compares_both_backends_and_reports(tmp_path):
     assert {r["steps"] for r in runs if r["kind"] == "train"} == {40}
     assert len({r["job_hash"] for r in runs if r["kind"] == "train"}) == 1
     assert sorted(r["backend"] for r in runs if r["kind"] == "allreduce") == ["horovod", "native"]
-    # the printed table has a row per backend x world size, and the report names its plots
+    # the printed table has a row per backend x world size (one host: layout 1 x ws), and the report names its plots
     for backend in ("native", "horovod"):
         for ws in (1, 2):
-            row = next(ln for ln in proc.stdout.splitlines() if ln.startswith(f"| {backend} | {ws} | {ws} | 2 |"))
-            assert "no interval" not in row  # two repeats give a 95% interval
+            row = next(ln for ln in proc.stdout.splitlines()
+                       if ln.startswith(f"| {backend} | {ws} | 1x{ws} | {ws} | 2 |"))
+            assert "no interval" not in row and "min-max (n=2)" in row  # two repeats give their range, labelled
     md = (tmp_path / "demo" / "report" / "report.md").read_text()
     assert "## Scaling model" in md and "MODEL, not measured" in md
+    assert "data:image/png;base64," in (tmp_path / "demo" / "report" / "report.html").read_text()
     assert (tmp_path / "demo" / "report" / "allreduce_busbw.png").stat().st_size > 1000
     # the step-time breakdown (diagnostic runs) of both backends at 1 and 2 workers, with its bar chart
     diag = sorted((r["backend"], r["world_size"]) for r in runs if r["kind"] == "breakdown")

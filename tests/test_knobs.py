@@ -181,8 +181,12 @@ def test_best_vs_best_table(tmp_path):
     # horovod/native: defaults 200 / 180, fastest 230 / 190
     assert f"| 2 | {200 / 180:.3f} | {230 / 190:.3f} | packs 32 MiB | fusion 32 MiB |" in best
     assert f"| 1 | {110 / 100:.3f} | {120 / 100:.3f} | default | fusion 32 MiB |" in best
-    csv = (tmp_path / "o" / "report.csv").read_text().splitlines()
-    assert csv[0].endswith(",collective,variant") and any(ln.endswith(",gloo,fusion 32 MiB") for ln in csv)
+    import csv
+
+    with open(tmp_path / "o" / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {"collective", "variant"} <= set(rows[0])
+    assert any(r["collective"] == "gloo" and r["variant"] == "fusion 32 MiB" for r in rows)
 
 
 def test_no_variants_no_best_vs_best(tmp_path):
@@ -208,7 +212,8 @@ def test_collectives_in_the_tables_and_ring_vs_nccl_on_gpus_is_not_like_for_like
     report.write_report(d, tmp_path / "o", plots=False)
     md = (tmp_path / "o" / "report.md").read_text()
     assert md_row(md, "native", 2)[-1] == native_used and md_row(md, "horovod", 2)[-1] == hvd_used
-    assert f"| 2 | 200.0 | 200.0 | 1.000 | 2 / 2 | {native_used} / {hvd_used} | {like} |" in md
+    assert (f"| 2 | 2x1 | 200.0 | 200.0 | 1.000 (needs 6 runs per cell) | 2 / 2 | {native_used} / {hvd_used} | "
+            f"{like} |") in md
     assert ("not like for like" in md) == like.startswith("no")
 
 
@@ -217,7 +222,8 @@ def test_records_without_a_collective_show_na(tmp_path):
     put(tmp_path / "r", make_run("horovod", 1, 100.0))
     report.write_report(tmp_path / "r", tmp_path / "o", plots=False)
     md = (tmp_path / "o" / "report.md").read_text()
-    assert md_row(md, "native", 1)[-1] == "n/a" and "| 1 | 100.0 | 100.0 | 1.000 | 1 / 1 | n/a / n/a | n/a |" in md
+    assert md_row(md, "native", 1)[-1] == "n/a"
+    assert "| 1 | 1x1 | 100.0 | 100.0 | 1.000 (needs 6 runs per cell) | 1 / 1 | n/a / n/a | n/a |" in md
 
 
 # -- the sweep's --variant ------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import statistics
 import struct
 import subprocess
@@ -23,7 +22,6 @@ sys.path.insert(0, str(ROOT))
 from common import report  # noqa: E402
 from common.workload.job import Job  # noqa: E402
 
-T975_DF2 = 4.302652729749462  # t(0.975, 2) from a printed t table (= scipy.stats.t.ppf(0.975, 2))
 JOB_A = Job(name="small", per_replica_batch_size=16, steps=12)  # the job most tests use
 JOB_B = Job(name="bigger", per_replica_batch_size=32, steps=20)  # differs from A in two hashed fields
 
@@ -108,16 +106,12 @@ def test_numbers_match_hand_computation(results: Path, tmp_path: Path) -> None:
     assert float(n2["images_per_sec_median"]) == 195.0  # (190 + 200) / 2
     assert float(h4["images_per_sec_median"]) == 390.0  # (380 + 400) / 2
 
-    # 3-repeat interval: mean 110, s = 10, half width = t(0.975, 2) * 10 / sqrt(3) = 24.841...
-    half = T975_DF2 * 10.0 / math.sqrt(3.0)
-    assert float(n1["images_per_sec_mean"]) == pytest.approx(110.0)
-    assert float(n1["images_per_sec_stdev"]) == pytest.approx(10.0)
-    assert float(n1["images_per_sec_ci95_low"]) == pytest.approx(110.0 - half)  # 85.1587
-    assert float(n1["images_per_sec_ci95_high"]) == pytest.approx(110.0 + half)  # 134.8413
-    # horovod 2 replicas 204/206/208: mean 206, s = 2
-    half_h = T975_DF2 * 2.0 / math.sqrt(3.0)
-    assert float(h2["images_per_sec_ci95_low"]) == pytest.approx(206.0 - half_h)
-    assert n4["images_per_sec_ci95_low"] == "" and n4["images_per_sec_ci95_high"] == ""  # n = 1
+    # fewer than 6 repeats: the range min-max (no confidence interval of the median exists below 6)
+    assert "images_per_sec_mean" not in n1 and "images_per_sec_stdev" not in n1
+    assert (n1["interval_kind"], float(n1["interval_low"]), float(n1["interval_high"])) == ("min-max", 100.0, 120.0)
+    assert (h2["interval_kind"], float(h2["interval_low"]), float(h2["interval_high"])) == ("min-max", 204.0, 208.0)
+    assert n4["interval_kind"] == n4["interval_low"] == n4["interval_high"] == ""  # n = 1
+    assert n2["layout"] == "2x1" and (n2["nodes"], n2["ranks_per_node"]) == ("2", "1")  # hosts node0, node1
 
     # speedup and efficiency against the same backend's 1-replica median
     assert float(n1["speedup"]) == pytest.approx(1.0) and float(n1["efficiency"]) == pytest.approx(1.0)
@@ -141,27 +135,27 @@ def test_numbers_match_hand_computation(results: Path, tmp_path: Path) -> None:
     md = (out / "report.md").read_text()
     c = md_row(md, "native", 1)
     assert col(c, "img/s median") == "110.0"
-    assert col(c, "95% CI of mean") == f"[{110 - half:.1f}, {110 + half:.1f}]" == "[85.2, 134.8]"
+    assert col(c, "interval") == "[100.0, 120.0] min-max (n=3)" and col(c, "layout") == "1x1"
     assert col(c, "step p50 (ms)") == "11.00" and col(c, "step p95 (ms)") == "25.00"
     assert col(c, "first step (s)") == "3.00"
     c = md_row(md, "native", 2)
     assert col(c, "speedup") == "1.77x" and col(c, "efficiency") == "88.6%"
     c = md_row(md, "native", 4)
-    assert col(c, "95% CI of mean") == "n=1, no interval" and col(c, "efficiency") == "81.8%"
+    assert col(c, "interval") == "n=1, no interval" and col(c, "efficiency") == "81.8%"
     c = md_row(md, "horovod", 4)
     assert col(c, "speedup") == "3.71x" and col(c, "efficiency") == "92.9%"
-    assert "| 2 | 195.0 | 206.0 | 1.056 |" in md  # ratio table: 206 / 195
-    assert "Student-t" in md and JOB_A.job_hash in md and "small" in md  # method, hash and name stated
+    assert "| 2 | 2x1 | 195.0 | 206.0 | 1.056 (needs 6 runs per cell) |" in md  # ratio table: 206 / 195
+    assert "native: 1 replica (1x1), 110.0 img/s median of 3 repeat(s)" in md  # the absolute speedup base
+    assert "## Method" in md and "Binomial(n, 1/2)" in md and "mean" not in col(c, "interval")
+    assert "Student-t" not in md and JOB_A.job_hash in md and "small" in md  # method, hash and name stated
     assert "tensorflow 2.18.1" in md and "`node0`" in md  # versions and hosts
 
 
-def test_t_quantiles() -> None:
-    assert report.t_quantile_975(2) == pytest.approx(4.302653, abs=1e-6)
-    assert report.t_quantile_975(30) == pytest.approx(2.042272, abs=1e-6)
-    assert report.t_quantile_975(60) == pytest.approx(2.000298, abs=1e-6)  # expansion beyond the table
-    assert report.t_quantile_975(10**6) == pytest.approx(1.959966, abs=1e-6)
-    assert report.mean_ci95([5.0]) is None
-    assert report.mean_ci95([3.0, 3.0]) == (3.0, 3.0)
+def test_small_samples_get_min_max_or_nothing() -> None:
+    assert report.median_interval([5.0]) is None
+    iv = report.median_interval([3.0, 1.0, 2.0])
+    assert (iv.low, iv.high, iv.kind, iv.text()) == (1.0, 3.0, "min-max", "[1.0, 3.0] min-max (n=3)")
+    assert report.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]).kind == "min-max"  # 5 < 6 repeats
 
 
 def test_api_summarize_and_format(results: Path) -> None:
@@ -177,7 +171,7 @@ def test_api_summarize_and_format(results: Path) -> None:
 def test_cli_prints_table_and_paths(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(results)]) == 0
     out = capsys.readouterr().out
-    assert "| native | 2 | 2 | 2 | 195.0 |" in out
+    assert "| native | 2 | 2x1 | 2 | 2 | 195.0 |" in out
     for name in ("report.md", "report.csv", f"throughput_{JOB_A.job_hash}.png", f"efficiency_{JOB_A.job_hash}.png"):
         assert f"wrote {results / 'report' / name}" in out  # default --out is RESULTS_DIR/report
         assert (results / "report" / name).is_file()
@@ -198,7 +192,7 @@ def test_pngs_are_valid(results: Path, tmp_path: Path) -> None:
 
 def test_no_plots(results: Path, tmp_path: Path) -> None:
     paths = report.write_report(results, tmp_path / "out", plots=False)
-    assert sorted(p.name for p in paths) == ["report.csv", "report.md"]
+    assert sorted(p.name for p in paths) == ["report.csv", "report.html", "report.md"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -307,7 +301,7 @@ def test_missing_baseline_and_missing_backend_show_na(tmp_path: Path, capsys: py
     c = md_row(md, "horovod", 4)
     assert col(c, "speedup") == "n/a" and col(c, "efficiency") == "n/a" and col(c, "img/s median") == "360.0"
     assert "horovod: no 1-replica run" in md  # plain note
-    assert "no native runs for this job" in md and "| 4 | n/a | 360.0 | n/a |" in md
+    assert "no native runs for this job" in md and "| 4 | 4x1 | n/a | 360.0 | n/a |" in md
     rows = csv_rows(tmp_path / "o" / "report.csv")
     r = rows[(JOB_A.job_hash, "horovod", 4)]
     assert r["speedup"] == "" and r["efficiency"] == "" and r["horovod_native_ratio"] == ""
@@ -364,7 +358,7 @@ def test_cli_subprocess_does_not_import_tensorflow(results: Path, tmp_path: Path
     proc = subprocess.run([sys.executable, "-m", "common.report", str(results), "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "| native | 1 | 1 | 3 | 110.0 |" in proc.stdout and f"wrote {out / 'report.md'}" in proc.stdout
+    assert "| native | 1 | 1x1 | 1 | 3 | 110.0 |" in proc.stdout and f"wrote {out / 'report.md'}" in proc.stdout
     assert (out / f"throughput_{JOB_A.job_hash}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -32,10 +32,10 @@ def test_time_to_target_beside_throughput_and_final_validation(tmp_path: Path) -
     assert "### Time to target and validation" in section
     rows = {c[0]: c for line in section.splitlines()
             if (c := [x.strip() for x in line.strip().strip("|").split("|")])[0] in ("native", "horovod")
-            and len(c) == 9}
+            and len(c) == 10}
     # native: median of the repeats that reached it (10, 12) -> 11; 2 of 3 reached; final accuracy median 0.85
-    assert rows["native"] == ["native", "1", "1", "3", "101.0", "11.00", "2/3", "0.4000", "0.8500"]
-    assert rows["horovod"] == ["horovod", "1", "1", "1", "120.0", "8.00", "1/1", "0.4000", "0.9500"]
+    assert rows["native"] == ["native", "1", "1x1", "1", "3", "101.0", "11.00", "2/3", "0.4000", "0.8500"]
+    assert rows["horovod"] == ["horovod", "1", "1x1", "1", "1", "120.0", "8.00", "1/1", "0.4000", "0.9500"]
     assert "target: accuracy >= 0.8" in section
     csv_r = csv_rows(out / "report.csv")
     n = csv_r[(JOB_T.job_hash, "native", 1)]

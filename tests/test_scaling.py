@@ -129,7 +129,8 @@ def test_planner_from_dir_equals_the_reports_model_at_overlap_0(tmp_path, capsys
     d = _measured_dir(tmp_path)
     out = _plan(capsys, ["--from", str(d), "--sizes", "2,8,64"])
     assert "MODEL (predicted, not measured): native" in out and "overlap 0 assumed" in out
-    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
+    # the report extrapolates to 4x its largest size unless asked: ask for 64 as the planner was
+    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots", "--extrapolate-to", "64"]) == 0
     md = (tmp_path / "o" / "report.md").read_text()
     fit = fit_alpha_beta([{"bytes": b, "time_median": ALPHA + BETA * b} for b in (4096, 1 << 20)], 2)
     for n in (8, 64):  # the report's extrapolation row and the planner's row: the same numbers

@@ -172,7 +172,7 @@ def test_report_labels_asynchronous_runs_and_keeps_them_out_of_the_ratio():
     assert ps2.ratio is None and ps2.speedup == pytest.approx(80 / 50)  # against its own 1-worker run
     assert [q.world_size for q in s.ratios if q.ratio is not None] == [2]
     assert any(n.startswith(label) and "no parity claim" in n for n in s.notes)
-    assert f"| {label} | 2 | 2 |" in report.format_section(s)
+    assert f"| {label} | 2 | 2x1 | 2 |" in report.format_section(s)
 
 
 def test_report_never_merges_strategies_and_reads_the_asynchronous_field(tmp_path):
@@ -202,7 +202,7 @@ def test_report_never_merges_strategies_and_reads_the_asynchronous_field(tmp_pat
     assert all(labels[f"native ({k})"].ratio is None for k in classes)
     assert any(n.startswith("native (mirrored)") and "rows of their own" in n for n in s.notes)
     md = report.format_section(s)
-    assert "| native (central_storage) | 2 | 2 |" in md and "| native (one_device) | 2 | 2 |" in md
+    assert "| native (central_storage) | 2 | 2x1 | 2 |" in md and "| native (one_device) | 2 | 2x1 | 2 |" in md
     # an older file: asynchronous only in backend_info, read through load_runs
     old = make_run("native", 2, 60.0, backend_info={"strategy": "parameter_server", "asynchronous": True})
     put(tmp_path, old)

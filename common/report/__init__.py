@@ -1,18 +1,21 @@
 """Scaling report: turn a directory of twinbench results JSONs into a comparison of the backends.
 
-    python -m common.report RESULTS_DIR [--out DIR] [--job-hash HASH | --job FILE [--set K=V ...] | --compare H1 H2]
-                            [--allow-mixed-versions] [--no-plots] [--quiet]
+    python -m common.report RESULTS_DIR [RESULTS_DIR ...] [--out DIR]
+                            [--job-hash HASH | --job FILE [--set K=V ...] | --compare H1 H2]
+                            [--allow-mixed-versions] [--extrapolate-to N] [--no-plots] [--quiet]
 
 Runs are grouped by ``job_hash`` and runs of different jobs are never compared with each other: a directory
 holding several jobs gives one section per job, and asking to compare two different jobs is refused (exit 2)
 with the job fields that differ; so is a job whose runs mix software versions, unless --allow-mixed-versions.
-Writes ``report.md``, ``report.csv`` and two PNGs per job (``throughput_<hash>.png``, ``efficiency_<hash>.png``)
+Several directories are read as one set. Writes ``report.md``, a self-contained ``report.html``, ``report.csv``
+and two PNGs per job (``throughput_<hash>.png``, ``efficiency_<hash>.png``)
 atomically into ``--out`` (default RESULTS_DIR/report).
 
 API: ``load_runs`` -> ``summarize`` -> ``format_table`` / ``format_markdown``; ``write_report`` does it all.
 Modules: base (errors, n/a), stats, load (files -> runs, validated by common.core.results.RunRecord), summary,
 selection (which jobs; refusing different jobs), versions, machines (row keys by machine, the Machine section),
-render (Markdown, CSV), plots, model (allreduce and scaling model), build (writing the files), cli. Backend names,
+render (Markdown, CSV), htmlpage (report.html), plots, model (allreduce and scaling model), build (writing
+the files), cli. Backend names,
 order, colours and the headline ratio come from the ``backends`` registry. This package never imports TensorFlow
 (reports run on laptops and login nodes); matplotlib is imported only to draw the plots.
 """
@@ -40,7 +43,7 @@ from common.report.render import (
     format_table,
 )
 from common.report.selection import different_jobs_message, job_diff, select_jobs
-from common.report.stats import mean_ci95, median, t_quantile_975
+from common.report.stats import Interval, median, median_interval, ratio_interval
 from common.report.summary import JobSummary, RatioRow, Row, order_backends, summarize
 from common.report.versions import version_mix
 
@@ -51,7 +54,7 @@ __all__ = [
     "TABLE_HEADER", "JobSummary", "MixedVersionsError", "RatioRow", "Report", "ReportError", "Row", "build_report",
     "check_run", "check_versions", "different_jobs_message", "format_allreduce", "format_best_table", "format_csv",
     "format_markdown", "format_model", "format_ratio_table", "format_section", "format_table", "job_diff",
-    "load_allreduce", "load_runs", "main", "mean_ci95", "median", "order_backends", "plot_allreduce", "plot_job",
-    "recompute_job_hash", "result_files", "select_jobs", "summarize", "t_quantile_975", "version_mix",
-    "write_report",
+    "load_allreduce", "load_runs", "main", "Interval", "median", "median_interval", "order_backends",
+    "plot_allreduce", "plot_job", "recompute_job_hash", "result_files", "select_jobs", "ratio_interval", "summarize",
+    "version_mix", "write_report",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import backends
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord, write_atomic
 from common.report.base import MixedVersionsError, ReportError, warn
+from common.report.htmlpage import format_html
 from common.report.load import load_allreduce, load_breakdowns, load_runs, result_files
 from common.report.model import format_allreduce, format_model
 from common.report.plots import plot_allreduce, plot_breakdown, plot_job
@@ -74,9 +75,8 @@ def _write_job_plots(summaries: Sequence[JobSummary], out: Path, paths: list[Pat
     return images
 
 
-def _allreduce_part(benches: Sequence[Mapping[str, Any]], summaries: Sequence[JobSummary], out: Path,
-                    plots: bool, paths: list[Path]) -> str:
-    """The Markdown appended after the jobs: allreduce tables (and plot) and each job's scaling model."""
+def _allreduce_part(benches: Sequence[Mapping[str, Any]], out: Path, plots: bool, paths: list[Path]) -> str:
+    """The Markdown appended after the jobs: allreduce tables (and plot)."""
     if not benches:
         return ""
     extra = "\n" + format_allreduce(benches) + "\n"
@@ -84,43 +84,80 @@ def _allreduce_part(benches: Sequence[Mapping[str, Any]], summaries: Sequence[Jo
         for name, png in plot_allreduce(benches).items():
             paths.append(write_atomic(out / name, png))
             extra += f"\n![{Path(name).stem}]({name})\n"
-    return extra + "".join("\n" + m + "\n" for m in (format_model(s, benches) for s in summaries) if m)
+    return extra
 
 
-def build_report(results_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None, *,
+PathArg = str | os.PathLike[str]
+
+
+def _roots(results_dir: PathArg | Sequence[PathArg]) -> list[Path]:
+    """One results directory, or several read as one set (each named once, in the order given)."""
+    dirs = [results_dir] if isinstance(results_dir, str | os.PathLike) else list(results_dir)
+    if not dirs:
+        raise ReportError("no results directory given")
+    return list(dict.fromkeys(Path(d) for d in dirs))
+
+
+def load_set(roots: Sequence[Path], warn: Callable[[str], None] = warn) -> list[dict[str, Any]]:
+    """The runs of every directory as one set; a run_id already loaded from another directory is a copy (skipped
+    with a warning, as a copy within one directory is)."""
+    runs: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    for root in roots:
+        for r in load_runs(root, warn=warn):
+            rid = r.get("run_id")
+            if isinstance(rid, str) and rid in seen:
+                warn(f"skipping {r['_path']}: same run_id {rid!r} as {seen[rid]} (a copy)")
+                continue
+            if isinstance(rid, str) and rid:
+                seen[rid] = r["_path"]
+            runs.append(r)
+    return runs
+
+
+def build_report(results_dir: PathArg | Sequence[PathArg], out_dir: PathArg | None = None, *,
                  job_hash: str | None = None, compare: Sequence[str] | None = None,
                  job: Mapping[str, Any] | None = None, plots: bool = True, allow_mixed_versions: bool = False,
-                 warn: Callable[[str], None] = warn) -> Report:
-    """load_runs -> summarize -> select_jobs -> check_versions -> write report.md, report.csv and the PNGs."""
-    root = Path(results_dir)
-    runs = load_runs(root, warn=warn)
-    breakdowns = load_breakdowns(root, warn=warn)
+                 extrapolate_to: int | None = None, warn: Callable[[str], None] = warn) -> Report:
+    """load_runs (of one or several directories, one set) -> summarize -> select_jobs -> check_versions -> write
+    report.md, report.html, report.csv and the PNGs (default output: the first directory's ``report``)."""
+    roots = _roots(results_dir)
+    runs = load_set(roots, warn)
+    breakdowns = sorted((b for root in roots for b in load_breakdowns(root, warn=warn)),
+                        key=lambda r: str(r.finished_at or ""))
+    where = ", ".join(repr(str(r)) for r in roots)
     if not runs and not breakdowns:
-        n = len(result_files(root))
+        n = sum(len(result_files(r)) for r in roots)
         why = f"none of its {n} results JSON file(s) is usable (see warnings)" if n else "no results JSON files"
-        raise ReportError(f"no results in {str(root)!r}: {why}")
-    summaries = select_jobs(summarize(runs), job_hash=job_hash, compare=compare, job=job, where=repr(str(root)))
+        raise ReportError(f"no results in {where}: {why}")
+    summaries = select_jobs(summarize(runs), job_hash=job_hash, compare=compare, job=job, where=where)
     check_versions(summaries, allow_mixed=allow_mixed_versions, warn=warn)
-    out = _out_dir(root, out_dir)
+    out = _out_dir(roots[0], out_dir)
     paths: list[Path] = []
     plots = _can_plot(plots, warn)
     images = _write_job_plots(summaries, out, paths) if plots else {}
-    benches = load_allreduce(root, warn=warn)
-    extra = _allreduce_part(benches, summaries, out, plots, paths)
+    benches = sorted((b for root in roots for b in load_allreduce(root, warn=warn)),
+                     key=lambda d: (d["backend"], d["world_size"], str(d.get("finished_at", ""))))
+    models = [m for m in (format_model(s, benches, extrapolate_to) for s in summaries) if m] if benches else []
+    extra = _allreduce_part(benches, out, plots, paths) + "".join("\n" + m.markdown + "\n" for m in models)
     if job_hash is not None or compare is not None or job is not None:  # a selection: its jobs' breakdowns only
         breakdowns = [b for b in breakdowns if b.job_hash in {s.job_hash for s in summaries}]
     extra += _breakdown_part(breakdowns, runs, benches, out, plots, paths)
-    md = format_markdown(summaries, results_dir=root, images=images) + extra
+    base = roots[0] if len(roots) == 1 else Path(os.path.commonpath([r.absolute() for r in roots]))
+    md = format_markdown(summaries, results_dir=base, images=images, sources=roots) + extra
     paths.insert(0, write_atomic(out / "report.md", md))
-    paths.insert(1, write_atomic(out / "report.csv", format_csv(summaries)))
+    others = [p for p in paths if p.name.startswith(("allreduce", "breakdown"))]
+    html = format_html(summaries, sources=roots, images=images, models=models, other_images=others)
+    paths.insert(1, write_atomic(out / "report.html", html))
+    paths.insert(2, write_atomic(out / "report.csv", format_csv(summaries)))
     return Report(summaries, paths)
 
 
-def write_report(results_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None, *,
+def write_report(results_dir: PathArg | Sequence[PathArg], out_dir: PathArg | None = None, *,
                  job_hash: str | None = None, compare: Sequence[str] | None = None,
                  job: Mapping[str, Any] | None = None, plots: bool = True,
                  allow_mixed_versions: bool = False) -> list[Path]:
-    """Write report.md, report.csv and per-job PNGs for ``results_dir`` into ``out_dir`` (default
+    """Write report.md, report.html, report.csv and per-job PNGs for ``results_dir`` into ``out_dir`` (default
     RESULTS_DIR/report); returns the paths written. Raises ReportError on bad input or a refused comparison."""
     return build_report(results_dir, out_dir, job_hash=job_hash, compare=compare, job=job, plots=plots,
                         allow_mixed_versions=allow_mixed_versions).paths

@@ -20,9 +20,10 @@ def _parser() -> argparse.ArgumentParser:
         description=f"Scaling report ({den} vs {num}) from a directory of twinbench results JSONs. Runs are "
                     "grouped by job hash; different jobs are reported separately and never compared.",
     )
-    p.add_argument("results_dir", type=Path, metavar="RESULTS_DIR",
-                   help="directory of results *.json (subdirectories one level deep are read too)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="output directory (default: RESULTS_DIR/report)")
+    p.add_argument("results_dir", type=Path, nargs="+", metavar="RESULTS_DIR",
+                   help="directory of results *.json (subdirectories one level deep are read too); several "
+                        "directories are read as one set")
+    p.add_argument("--out", type=Path, metavar="DIR", help="output directory (default: the first RESULTS_DIR/report)")
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--job-hash", metavar="HASH", help="report only this job (a unique prefix is enough)")
     sel.add_argument("--job", type=Path, metavar="TOML",
@@ -33,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-mixed-versions", action="store_true",
                    help="compare runs of one job made with different software versions (refused, exit 2, "
                         "without it); the report states the mix")
+    p.add_argument("--extrapolate-to", type=int, metavar="N",
+                   help="extend the scaling model's extrapolation to N replicas (default: at most 4x the largest "
+                        "measured size); a model, never measured")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the paths written, not the tables")
     return p
@@ -55,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.set and args.job is None:
         parser.error("--set only applies with --job")
+    if args.extrapolate_to is not None and args.extrapolate_to < 2:
+        parser.error("--extrapolate-to must be at least 2")
     try:
         job = None
         if args.job is not None:
@@ -65,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except JobError as e:
                 raise ReportError(str(e)) from None
         rep = build_report(args.results_dir, args.out, job_hash=args.job_hash, compare=args.compare, job=job,
-                           plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions)
+                           plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions,
+                           extrapolate_to=args.extrapolate_to)
     except ReportError as e:
         print(f"report: {e.prefix}{e}", file=sys.stderr)
         return 2

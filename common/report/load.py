@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -112,15 +113,31 @@ def collective_used(d: Mapping[str, Any]) -> str | None:
     return old if isinstance(old, str) and old else None
 
 
+def layout_of(d: Mapping[str, Any]) -> tuple[int | None, int | None, str]:
+    """(nodes, ranks per node, layout text) of a run from ``hosts`` (one entry per rank; every schema has it):
+    nodes = distinct hosts, ranks per node = ranks / nodes; text "2x4" (nodes x ranks per node), "2x(3+1)" when
+    the nodes hold different numbers of ranks, "?" when the record names no hosts."""
+    hosts = d.get("hosts")
+    if not isinstance(hosts, list) or not hosts:
+        return None, None, "?"
+    counts = Counter(str(h) for h in hosts)
+    per = sorted(counts.values(), reverse=True)
+    if len(set(per)) == 1:
+        return len(counts), per[0], f"{len(counts)}x{per[0]}"
+    return len(counts), None, f"{len(counts)}x({'+'.join(map(str, per))})"
+
+
 def upgrade_run(d: dict[str, Any]) -> None:
     """Fill in, in place, what an older results file says in another way: ``asynchronous`` (before it was a field
     of its own, only ``backend_info.asynchronous`` recorded parameter-server runs); ``evaluations`` ([]) and
-    ``time_to_target_s`` (None) for files written before validation."""
+    ``time_to_target_s`` (None) for files written before validation; and the derived layout (``_nodes``,
+    ``_ranks_per_node``, ``_layout``: layout_of), which no record states but every one implies."""
     if not isinstance(d.get("asynchronous"), bool):
         d["asynchronous"] = capabilities(d).get("asynchronous") is True
     if not isinstance(d.get("evaluations"), list):  # files from before validation: no evaluation, no target time
         d["evaluations"] = []
     d.setdefault("time_to_target_s", None)
+    d["_nodes"], d["_ranks_per_node"], d["_layout"] = layout_of(d)
 
 
 def _read_json(path: Path, warn: Callable[[str], None]) -> tuple[bool, Any]:

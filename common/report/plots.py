@@ -40,6 +40,17 @@ def line_styles(s: JobSummary) -> dict[str, Style]:
     return out
 
 
+def primary_rows(rows: Sequence[Any]) -> list[Any]:
+    """The rows a backend's line joins: per world size the one on the fewest nodes (the others, other layouts at
+    that size, are drawn as separate hollow points labelled with their layout)."""
+    best: dict[int, Any] = {}
+    for r in rows:
+        n = r.layout_counts[0]
+        if r.world_size not in best or (n is not None and (best[r.world_size].layout_counts[0] or 1 << 30) > n):
+            best[r.world_size] = r
+    return [best[w] for w in sorted(best)]
+
+
 def _new_figure() -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -74,10 +85,19 @@ def _throughput(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int]
         rows = [r for r in s.rows if r.backend == b]
         xs = [r.world_size for r in rows]
         color, line, marker = styles[b]
-        ax.plot(xs, [r.ips_median for r in rows], marker=marker, linestyle=line, color=color, label=f"{b} (median)")
+        main = primary_rows(rows)
+        ax.plot([r.world_size for r in main], [r.ips_median for r in main], marker=marker, linestyle=line,
+                color=color, label=f"{b} (median)")
         for r in rows:
-            if r.ips_ci95 is not None:
-                ax.vlines(r.world_size, *r.ips_ci95, color=color, alpha=0.6, linewidth=3)
+            if r not in main:  # another layout at a size already drawn: a point of its own, hollow
+                ax.plot([r.world_size], [r.ips_median], marker=marker, linestyle="none", color=color,
+                        markerfacecolor="white")
+            if sum(x == r.world_size for x in xs) > 1:  # several layouts at this size: name each
+                ax.annotate(r.layout, (r.world_size, r.ips_median), textcoords="offset points", xytext=(5, -10),
+                            fontsize=7, color=color)
+            if r.ips_interval is not None:
+                ax.vlines(r.world_size, r.ips_interval.low, r.ips_interval.high, color=color, alpha=0.6,
+                          linewidth=3)
         base = next((r for r in rows if r.world_size == 1), None)
         if base is not None:
             xi = sorted({1, *xs})
@@ -85,7 +105,7 @@ def _throughput(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int]
                     label=f"{b} ideal (linear from 1 replica)")
     _setup_x(ax, sizes)
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("images / s (bars: 95% CI of mean)")
+    ax.set_ylabel("images / s (bars: 95% CI of median, or min-max)")
     ax.set_title(f"throughput — {title}", fontsize=9)
     ax.legend(fontsize=8)
     return _png_bytes(fig)
@@ -96,10 +116,18 @@ def _efficiency(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int]
     ax = fig.add_subplot()
     drawn = False
     for b in s.backends:
-        pts = [(r.world_size, 100 * r.efficiency) for r in s.rows if r.backend == b and r.efficiency is not None]
-        if pts:
+        rows = [r for r in s.rows if r.backend == b and r.efficiency is not None]
+        main = primary_rows(rows)
+        if rows:
             color, line, marker = styles[b]
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, linestyle=line, color=color, label=b)
+            ax.plot([r.world_size for r in main], [100 * r.efficiency for r in main], marker=marker, linestyle=line,
+                    color=color, label=b)
+            for r in rows:
+                if r not in main:
+                    ax.plot([r.world_size], [100 * r.efficiency], marker=marker, linestyle="none", color=color,
+                            markerfacecolor="white")
+                    ax.annotate(r.layout, (r.world_size, 100 * r.efficiency), textcoords="offset points",
+                                xytext=(5, -10), fontsize=7, color=color)
             drawn = True
     ax.axhline(100, linestyle="--", color="gray", label="ideal (100%)")
     if not drawn:

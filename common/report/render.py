@@ -16,6 +16,7 @@ from common.report.base import NA, NO_INTERVAL, fmt_value
 from common.report.best import best_ratios, best_rows
 from common.report.evaluation import TTT_METHOD, validation_names
 from common.report.machines import format_machines
+from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS
 from common.report.summary import (
     RATIO_DEN,
     RATIO_NUM,
@@ -28,11 +29,23 @@ from common.report.summary import (
 )
 from common.report.versions import versions_by_key
 
-INTERVAL_METHOD = (
-    "95% interval = Student-t confidence interval of the mean images/s over repeats: "
-    "mean ± t(0.975, n−1) · s / √n with s the sample standard deviation (t quantiles tabulated, df > 30 by "
-    "Cornish-Fisher expansion); the centre column is the median, and a single repeat has no interval"
+METHOD = (
+    "centre = the median images/s over a row's repeats (Hoefler & Belli, SC15: medians and nonparametric "
+    "intervals, not means);",
+    f"interval, with at least {MIN_CI_RUNS} repeats = the 95% confidence interval of the median from order "
+    "statistics [x(j), x(k)] of the sorted repeats, j = max{m+1 : F(m) <= 0.025} with F the Binomial(n, 1/2) cdf "
+    "(scipy.stats.binom), k = n+1-j (coverage 1-2F(j-1) >= 95%; n = 6 gives min-max at 96.9%);",
+    f"with 2-{MIN_CI_RUNS - 1} repeats the range min-max, labelled \"min-max (n=...)\" (not a confidence "
+    f"interval); a single repeat has none (\"{NO_INTERVAL}\");",
+    f"{RATIO_NUM}/{RATIO_DEN} = ratio of the medians, with a bootstrap 95% percentile interval when both cells have "
+    f"at least {MIN_CI_RUNS} repeats ({BOOTSTRAP_RESAMPLES:,} independent resamples of each cell, numpy "
+    f"Generator seed {BOOTSTRAP_SEED}, reproducible), else \"{NEEDS_RUNS}\";",
+    "speedup and efficiency are against the same backend's absolute 1-replica (1-GPU or 1-process) median, "
+    "stated under each scaling table; rows are kept apart by layout (nodes x ranks per node, from each run's "
+    "hosts): 1x8 and 2x4 are different rows and points;",
+    "the scaling model's numbers are predictions, in a section of their own, never in the measured tables or plots.",
 )
+INTERVAL_METHOD = " ".join(METHOD)  # one paragraph (report.md); report.html lists METHOD's lines
 DEFINITIONS = (
     "speedup = median images/s at N replicas / median images/s at 1 replica of the same backend; "
     f"efficiency = throughput(N) / (N × throughput(1)); {RATIO_NUM}/{RATIO_DEN} = ratio of the two backends' median "
@@ -43,14 +56,14 @@ DEFINITIONS = (
 )
 KEY_JOB_FIELDS = ("model", "dataset", "per_replica_batch_size", "steps", "epochs", "optimizer", "learning_rate",
                   "lr_scaling", "mode", "mixed_precision", "xla", "seed")  # shown in each job's header
-TABLE_HEADER = ("backend", "replicas", "workers", "repeats", "img/s median", "img/s mean", "95% CI of mean",
+TABLE_HEADER = ("backend", "replicas", "layout", "workers", "repeats", "img/s median", "interval",
                 "speedup", "efficiency", "step p50 (ms)", "step p95 (ms)", "first step (s)", "final loss",
-                "input wait", "collective")
+                "input wait", "collective")  # then "time to target (s)" when the job sets a target
 CSV_COLUMNS = (
-    "job_hash", "job_name", "backend", "world_size", "num_workers", "repeats", "global_batch_size",
-    "images_per_sec_median", "images_per_sec_mean", "images_per_sec_stdev", "images_per_sec_ci95_low",
-    "images_per_sec_ci95_high", "images_per_sec_min", "images_per_sec_max", "speedup", "efficiency",
-    f"{RATIO_NUM}_{RATIO_DEN}_ratio", "step_time_p50_s", "step_time_p95_s", "step_time_mean_s",
+    "job_hash", "job_name", "backend", "world_size", "layout", "nodes", "ranks_per_node", "num_workers", "repeats",
+    "global_batch_size", "images_per_sec_median", "interval_kind", "interval_low", "interval_high",
+    "images_per_sec_min", "images_per_sec_max", "speedup", "efficiency", f"{RATIO_NUM}_{RATIO_DEN}_ratio",
+    "ratio_ci95_low", "ratio_ci95_high", "step_time_p50_s", "step_time_p95_s", "step_time_mean_s",
     "time_to_first_step_s", "timed_wall_time_s", "final_loss", "input_method", "input_wait_fraction",
     "input_verdict", "collective", "variant", "time_to_target_s", "target_reached_repeats", "final_validation",
 )
@@ -65,11 +78,46 @@ def fmt_num(x: float | None, fmt: str, scale: float = 1.0, suffix: str = "") -> 
     return f"{x * scale:{fmt}}{suffix}"
 
 
-def _ci_text(row: Row) -> str:
-    if row.ips_ci95 is None:
-        return NO_INTERVAL
-    lo, hi = row.ips_ci95
-    return f"[{lo:.1f}, {hi:.1f}]"
+def interval_text(row: Row) -> str:
+    """The row's interval cell: "[lo, hi] 95% CI", "[lo, hi] min-max (n=3)" or NO_INTERVAL."""
+    return row.ips_interval.text() if row.ips_interval is not None else NO_INTERVAL
+
+
+def ratio_text(ratio: float | None, ci: tuple[float, float] | None) -> str:
+    """The ratio and its bootstrap interval, e.g. "1.050 [1.010, 1.090]", "1.050 (needs 6 runs per cell)"."""
+    if ratio is None:
+        return NA
+    return f"{ratio:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{ratio:.3f} ({NEEDS_RUNS})"
+
+
+def has_target(summary: JobSummary) -> bool:
+    """The job sets a target (the time-to-target column is shown beside throughput)."""
+    return any(r.targeted for r in summary.rows)
+
+
+def scaling_table(summary: JobSummary) -> tuple[tuple[str, ...], list[list[str]]]:
+    """The job's scaling table (one row per backend x world size x layout) as header and text cells."""
+    f = fmt_num
+    body = [[r.backend, str(r.world_size), r.layout, str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f"),
+             interval_text(r), f(r.speedup, ".2f", suffix="x"),
+             f(r.efficiency, ".1f", 100, "%"), f(r.step_p50, ".2f", 1e3), f(r.step_p95, ".2f", 1e3),
+             f(r.time_to_first_step, ".2f"), f(r.final_loss, ".4f"), input_text(r), r.collective or NA]
+            for r in summary.rows]
+    if has_target(summary):
+        return (*TABLE_HEADER, "time to target (s)"), [[*b, f(r.ttt, ".2f")]
+                                                      for b, r in zip(body, summary.rows)]
+    return TABLE_HEADER, body
+
+
+def baselines(summary: JobSummary) -> list[str]:
+    """One line per series: the absolute 1-replica throughput its speedup and efficiency are against."""
+    out = []
+    for series in dict.fromkeys(r.series for r in summary.rows):
+        base = next((r for r in summary.rows if r.series == series and r.world_size == 1), None)
+        if base is not None:
+            out.append(f"{series}: 1 replica ({base.layout}), {base.ips_median:.1f} img/s median of "
+                       f"{base.repeats} repeat(s), {interval_text(base)}")
+    return out
 
 
 def md_escape(text: str) -> str:
@@ -94,28 +142,29 @@ def distinct(values: Iterable[str], limit: int = 12) -> str:
 
 
 def format_table(summary: JobSummary) -> str:
-    """The job's scaling table (one row per backend x world size) in Markdown."""
-    f = fmt_num
-    body = [[r.backend, str(r.world_size), str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f"),
-             f(r.ips_mean, ".1f"), _ci_text(r), f(r.speedup, ".2f", suffix="x"),
-             f(r.efficiency, ".1f", 100, "%"), f(r.step_p50, ".2f", 1e3), f(r.step_p95, ".2f", 1e3),
-             f(r.time_to_first_step, ".2f"), f(r.final_loss, ".4f"), input_text(r), r.collective or NA]
-            for r in summary.rows]
-    return md_table(TABLE_HEADER, body)
+    """The job's scaling table (one row per backend x world size x layout) in Markdown."""
+    return md_table(*scaling_table(summary))
 
 
 def format_ratio_table(summary: JobSummary) -> str:
     """backends.RATIO median throughput (numerator / denominator) per world size in Markdown."""
-    header = ("replicas", f"{RATIO_DEN} img/s", f"{RATIO_NUM} img/s", f"{RATIO_NUM}/{RATIO_DEN}",
-              f"workers ({RATIO_DEN} / {RATIO_NUM})", f"collective ({RATIO_DEN} / {RATIO_NUM})", "like for like")
-    body = [[str(q.world_size), fmt_num(q.den_ips, ".1f"), fmt_num(q.num_ips, ".1f"), fmt_num(q.ratio, ".3f"),
+    return md_table(*ratio_table(summary))
+
+
+def ratio_table(summary: JobSummary) -> tuple[tuple[str, ...], list[list[str]]]:
+    """backends.RATIO per world size (and layout) as header and text cells."""
+    header = ("replicas", "layout", f"{RATIO_DEN} img/s", f"{RATIO_NUM} img/s",
+              f"{RATIO_NUM}/{RATIO_DEN} [bootstrap 95% CI]", f"workers ({RATIO_DEN} / {RATIO_NUM})",
+              f"collective ({RATIO_DEN} / {RATIO_NUM})", "like for like")
+    body = [[str(q.world_size), q.layout or NA, fmt_num(q.den_ips, ".1f"), fmt_num(q.num_ips, ".1f"),
+             ratio_text(q.ratio, q.ratio_ci),
              f"{q.den_workers if q.den_workers is not None else NA} / "
              f"{q.num_workers if q.num_workers is not None else NA}",
              f"{q.den_collective or NA} / {q.num_collective or NA}", _like_for_like(q)] for q in summary.ratios]
     if any(q.machine for q in summary.ratios):  # a job run on several machines: each pair's own
         header += ("machine",)
         body = [[*b, q.machine or NA] for b, q in zip(body, summary.ratios)]
-    return md_table(header, body)
+    return header, body
 
 
 def _like_for_like(q: RatioRow) -> str:
@@ -124,21 +173,21 @@ def _like_for_like(q: RatioRow) -> str:
     return "yes" if q.ratio is not None and q.den_collective and q.num_collective else NA
 
 
-def format_validation_table(summary: JobSummary) -> str | None:
-    """Time to target beside throughput, and the final validation numbers, per row; None when no run of the job
-    evaluated (rows of runs without evaluation show n/a)."""
+def validation_table(summary: JobSummary) -> tuple[list[str], list[list[str]], str] | None:
+    """Time to target beside throughput, and the final validation numbers, per row, as (header, body, the note on
+    its method); None when no run of the job evaluated (rows of runs without evaluation show n/a)."""
     names = validation_names(summary.runs)
     targeted = any(r.targeted for r in summary.rows)
     if not names and not targeted:
         return None
     f = fmt_num
-    header = ["backend", "replicas", "workers", "repeats", "img/s median"]
+    header = ["backend", "replicas", "layout", "workers", "repeats", "img/s median"]
     if targeted:
         header += ["time to target (s)", "reached"]
     header += [f"final val {n}" for n in names]
     body = []
     for r in summary.rows:
-        cells = [r.backend, str(r.world_size), str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f")]
+        cells = [r.backend, str(r.world_size), r.layout, str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f")]
         if targeted:
             cells += [f(r.ttt, ".2f"), f"{r.ttt_reached}/{r.targeted}" if r.targeted else NA]
         cells += [f(r.final_validation.get(n), ".4f") for n in names]
@@ -146,30 +195,47 @@ def format_validation_table(summary: JobSummary) -> str | None:
     job = summary.job
     target = (f"target: {job.get('target_metric')} {'<=' if job.get('target_metric') == 'loss' else '>='} "
               f"{job.get('target_value')}. " if targeted else "")
-    return md_table(header, body) + f"\n\n{target}{TTT_METHOD[0].upper()}{TTT_METHOD[1:]}."
+    return header, body, f"{target}{TTT_METHOD[0].upper()}{TTT_METHOD[1:]}."
+
+
+def format_validation_table(summary: JobSummary) -> str | None:
+    """``validation_table`` as Markdown (table, then its note)."""
+    got = validation_table(summary)
+    return None if got is None else md_table(got[0], got[1]) + f"\n\n{got[2]}"
 
 
 def format_best_table(summary: JobSummary) -> str | None:
     """Best vs best (common.report.best) in Markdown: per backend and size the default and the fastest variant,
     then the backend ratio of the fastest beside that of the defaults; None when the job has no variants."""
+    tables = best_tables(summary)
+    if not tables:
+        return None
+    lines = [x for header, body in tables for x in (md_table(header, body), "")]
+    return "\n".join([*lines, BEST_NOTE])
+
+
+BEST_NOTE = ("Fastest = the highest median img/s among a backend's variants at that size (its default strategy "
+             "only); the maximum of several noisy medians favours a lucky variant, so check its interval in the "
+             "scaling table before trusting a small gap.")
+
+
+def best_tables(summary: JobSummary) -> list[tuple[tuple[str, ...], list[list[str]]]]:
+    """The best vs best tables (header, cells): per backend and size, then the ratios; [] without variants."""
     cells = best_rows(summary)
     if not cells:
-        return None
+        return []
     f = fmt_num
     body = [[c.backend, str(c.world_size), f(c.default.ips_median if c.default else None, ".1f"), c.best_name,
              f(c.best.ips_median, ".1f"), f(c.best.ips_median / c.default.ips_median if c.default else None, ".3f")]
             for c in cells]
-    lines = [md_table(("backend", "replicas", "default img/s", "fastest variant", "fastest img/s",
-                       "fastest / default"), body), ""]
+    out = [(("backend", "replicas", "default img/s", "fastest variant", "fastest img/s", "fastest / default"),
+            body)]
     ratios = [[str(q.world_size), f(q.default_ratio, ".3f"), f(q.best_ratio, ".3f"), q.den_best, q.num_best]
               for q in best_ratios(cells)]
     if ratios:
-        lines += [md_table(("replicas", f"{RATIO_NUM}/{RATIO_DEN} defaults", f"{RATIO_NUM}/{RATIO_DEN} fastest",
-                            f"fastest {RATIO_DEN}", f"fastest {RATIO_NUM}"), ratios), ""]
-    lines.append("Fastest = the highest median img/s among a backend's variants at that size (its default "
-                 "strategy only); the maximum of several noisy medians favours a lucky variant, so check its interval "
-                 "in the scaling table before trusting a small gap.")
-    return "\n".join(lines)
+        out.append((("replicas", f"{RATIO_NUM}/{RATIO_DEN} defaults", f"{RATIO_NUM}/{RATIO_DEN} fastest",
+                     f"fastest {RATIO_DEN}", f"fastest {RATIO_NUM}"), ratios))
+    return out
 
 
 def _rank_strings(runs: Sequence[Mapping[str, Any]], key: str) -> list[str]:
@@ -208,7 +274,10 @@ def _head(s: JobSummary, h: str) -> list[str]:
     if mix:
         lines += [f"**Mixed CPU binding**: {md_escape(mix)}. Binding alone moved a backend's throughput by 8-43% "
                   "on the CPU machine of docs/multinode.md, \"CPU binding\": compare runs bound alike.", ""]
+    base = baselines(s)
     lines += [f"{h}# Scaling", "", format_table(s), "",
+              *(["Speedup and efficiency base (absolute): " + "; ".join(md_escape(b) for b in base) + ".", ""]
+                if base else []),
               f"{h}# {RATIO_NUM} / {RATIO_DEN} throughput", "", format_ratio_table(s), ""]
     validation = format_validation_table(s)
     if validation:
@@ -320,15 +389,22 @@ def format_section(summary: JobSummary, *, level: int = 2, out_dir: Path | None 
     return "\n".join(lines + _run_files(s, results_dir))
 
 
-def format_markdown(summaries: Sequence[JobSummary], *, results_dir: Path | None = None,
-                    images: Mapping[str, Sequence[Path]] | None = None) -> str:
-    """The whole report.md: method, definitions, then one section per job."""
+def results_line(summaries: Sequence[JobSummary], sources: Sequence[Path]) -> str:
+    """What was read: the directories (one set) and how many runs of how many jobs."""
     n_runs = sum(len(s.runs) for s in summaries)
+    where = ", ".join(f"`{shorten_paths(str(d))}`" for d in sources)
+    return (f"Results: {where}{' (read as one set)' if len(sources) > 1 else ''} — {n_runs} runs of {len(summaries)} "
+            "job(s). Runs of different jobs (different job hash) are never compared with each other.")
+
+
+def format_markdown(summaries: Sequence[JobSummary], *, results_dir: Path | None = None,
+                    images: Mapping[str, Sequence[Path]] | None = None, sources: Sequence[Path] = ()) -> str:
+    """The whole report.md: method, definitions, then one section per job."""
     lines = ["# twinbench scaling report", ""]
-    if results_dir is not None:
-        lines += [f"Results: `{shorten_paths(str(results_dir))}` — {n_runs} runs of {len(summaries)} job(s). Runs of "
-                  "different jobs (different job hash) are never compared with each other.", ""]
-    lines += [f"Method: {INTERVAL_METHOD}.", "", f"Definitions: {DEFINITIONS}.", ""]
+    sources = list(sources) or ([results_dir] if results_dir is not None else [])
+    if sources:
+        lines += [results_line(summaries, sources), ""]
+    lines += ["## Method", "", *(f"- {m}" for m in METHOD), "", f"Definitions: {DEFINITIONS}.", ""]
     for s in summaries:
         lines.append(format_section(s, results_dir=results_dir, images=(images or {}).get(s.job_hash, ())))
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -345,10 +421,14 @@ def format_csv(summaries: Sequence[JobSummary]) -> str:
 
     for s in summaries:
         for r in s.rows:
-            lo, hi = r.ips_ci95 if r.ips_ci95 else (None, None)
-            w.writerow([s.job_hash, s.name, r.backend, r.world_size, r.num_workers, r.repeats,
-                        c(r.global_batch_size), c(r.ips_median), c(r.ips_mean), c(r.ips_stdev), c(lo), c(hi),
-                        c(min(r.ips)), c(max(r.ips)), c(r.speedup), c(r.efficiency), c(r.ratio), c(r.step_p50),
+            iv = r.ips_interval
+            rlo, rhi = r.ratio_ci if r.ratio_ci else (None, None)
+            nodes, per = r.layout_counts
+            w.writerow([s.job_hash, s.name, r.backend, r.world_size, r.layout, c(nodes), c(per), r.num_workers,
+                        r.repeats, c(r.global_batch_size), c(r.ips_median), iv.kind if iv else "",
+                        c(iv.low if iv else None), c(iv.high if iv else None), c(min(r.ips)), c(max(r.ips)),
+                        c(r.speedup), c(r.efficiency), c(r.ratio), c(rlo), c(rhi),
+                        c(r.step_p50),
                         c(r.step_p95), c(r.step_mean), c(r.time_to_first_step), c(r.timed_wall_time),
                         c(r.final_loss), r.input_method or "", c(r.input_fraction), r.input_verdict or "",
                         r.collective or "", r.variant or "", c(r.ttt),

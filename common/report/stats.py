@@ -1,46 +1,85 @@
-"""Statistics of the report: Student-t quantiles, the 95% interval of the mean, medians of optional numbers."""
+"""Statistics of the report (Hoefler & Belli, SC15: medians and nonparametric intervals), with scipy and numpy.
+
+- A row's centre is the median images/s over its repeats.
+- With at least ``MIN_CI_RUNS`` repeats, its 95% interval is the distribution-free confidence interval of the
+  median from order statistics: with x(1) <= ... <= x(n) the sorted repeats and F the cdf of Binomial(n, 1/2),
+  j = max{m + 1 : F(m) <= 0.025} and k = n + 1 - j; [x(j), x(k)] covers the population median with probability
+  1 - 2 F(j - 1) >= 0.95 (n = 6: j = 1, k = 6, coverage 96.9%). Below 6 repeats no j exists (F(0) = 2^-n > 0.025),
+  so the report shows the range min-max, labelled as such.
+- The ratio of two backends' medians gets a bootstrap 95% percentile interval when both cells have at least
+  ``MIN_CI_RUNS`` repeats: the two samples are independent, each is resampled with replacement on its own
+  (``BOOTSTRAP_RESAMPLES`` times, numpy Generator seeded ``BOOTSTRAP_SEED``, so the report is reproducible), and
+  the interval is the 2.5% and 97.5% percentiles of median(numerator*) / median(denominator*).
+"""
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-# Two-sided 95% Student-t quantiles t(0.975, df) for df = 1..30 (scipy.stats.t.ppf(0.975, df)).
-_T975 = (
-    12.706204736174694, 4.302652729749462, 3.1824463052837078, 2.7764451051977934, 2.5705818356363146,
-    2.4469118511449786, 2.364624251592784, 2.306004135204166, 2.262157162798205, 2.228138851986274,
-    2.200985160091639, 2.1788128296672284, 2.1603686564627913, 2.144786687917804, 2.131449545559776,
-    2.1199052992212546, 2.1098155778333156, 2.1009220402410382, 2.0930240544083087, 2.085963447265864,
-    2.0796138447276795, 2.0738730679040254, 2.0686576104190486, 2.0638985616280245, 2.0595385527532972,
-    2.0555294386428735, 2.0518305164802846, 2.0484071417952454, 2.045229642132703, 2.0422724563012378,
-)
-_Z975 = 1.959963984540054  # standard normal 0.975 quantile
+MIN_CI_RUNS = 6  # repeats needed for a 95% confidence interval of a median (and for the ratio's bootstrap)
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 20151115  # SC15: any fixed seed; fixed so that the same results give the same report
+NEEDS_RUNS = f"needs {MIN_CI_RUNS} runs per cell"  # the ratio's interval when a cell has fewer repeats
 
 
-def t_quantile_975(df: int) -> float:
-    """t(0.975, df): tabulated for df <= 30, Cornish-Fisher expansion beyond (error < 3e-8)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = _Z975
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
-    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+@dataclass(frozen=True)
+class Interval:
+    """An interval around a median and what it is: "95% CI" (order statistics) or "min-max" (fewer repeats)."""
+
+    low: float
+    high: float
+    kind: str  # "95% CI" or "min-max"
+    n: int
+    coverage: float | None = None  # the exact coverage of a "95% CI" (>= 0.95); None for min-max
+
+    def text(self, fmt: str = ".1f") -> str:
+        """e.g. "[85.0, 120.0] 95% CI" or "[100.0, 120.0] min-max (n=3)"."""
+        what = self.kind if self.kind != "min-max" else f"min-max (n={self.n})"
+        return f"[{self.low:{fmt}}, {self.high:{fmt}}] {what}"
 
 
-def mean_ci95(values: Sequence[float]) -> tuple[float, float] | None:
-    """Student-t 95% confidence interval of the mean; None for fewer than two values."""
-    n = len(values)
+def median_ranks(n: int) -> tuple[int, int] | None:
+    """The 1-based ranks (j, k) of the 95% order-statistic interval of the median of n values, None for n < 6."""
+    if n < MIN_CI_RUNS:
+        return None
+    from scipy.stats import binom
+
+    cdf = binom.cdf(range(n + 1), n, 0.5)
+    j = max(m + 1 for m in range(n + 1) if cdf[m] <= 0.025)
+    return j, n + 1 - j
+
+
+def median_interval(values: Sequence[float]) -> Interval | None:
+    """The 95% CI of the median (>= 6 values), else min-max (2-5 values); None for a single value."""
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
     if n < 2:
         return None
-    m = statistics.fmean(values)
-    half = t_quantile_975(n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return m - half, m + half
+    ranks = median_ranks(n)
+    if ranks is None:
+        return Interval(xs[0], xs[-1], "min-max", n)
+    from scipy.stats import binom
+
+    j, k = ranks
+    return Interval(xs[j - 1], xs[k - 1], "95% CI", n, float(1 - 2 * binom.cdf(j - 1, n, 0.5)))
+
+
+def ratio_interval(num: Sequence[float], den: Sequence[float]) -> tuple[float, float] | None:
+    """Bootstrap 95% percentile interval of median(num) / median(den) (independent samples), None unless both
+    have at least 6 values."""
+    if len(num) < MIN_CI_RUNS or len(den) < MIN_CI_RUNS:
+        return None
+    import numpy as np
+
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    ma = np.median(a[rng.integers(0, len(a), (BOOTSTRAP_RESAMPLES, len(a)))], axis=1)
+    mb = np.median(b[rng.integers(0, len(b), (BOOTSTRAP_RESAMPLES, len(b)))], axis=1)
+    lo, hi = np.percentile(ma / mb, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def median(values: Iterable[float | None]) -> float | None:

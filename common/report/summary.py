@@ -12,9 +12,9 @@ from typing import Any
 import backends
 from common.report.base import NA, NO_INTERVAL
 from common.report.evaluation import row_fields as evaluation_fields
-from common.report.load import capabilities, upgrade_run
+from common.report.load import capabilities, layout_of, upgrade_run
 from common.report.machines import MachineKey, machine_keys, nodes_text
-from common.report.stats import mean_ci95, median, num
+from common.report.stats import MIN_CI_RUNS, Interval, median, median_interval, num, ratio_interval
 from common.report.versions import version_mix, versions_by_key
 
 RATIO_NUM, RATIO_DEN = backends.RATIO  # numerator and denominator of the throughput ratio
@@ -30,9 +30,7 @@ class Row:
     repeats: int
     ips: list[float]  # images/s of every repeat
     ips_median: float
-    ips_mean: float
-    ips_stdev: float | None  # None for n = 1
-    ips_ci95: tuple[float, float] | None  # None for n = 1
+    ips_interval: Interval | None  # 95% CI of the median (>= 6 repeats), else min-max; None for n = 1
     global_batch_size: int | None
     step_p50: float | None  # seconds
     step_p95: float | None  # seconds
@@ -52,15 +50,23 @@ class Row:
     machine: str = ""  # the machine part of the label ("" when the job ran on one machine: MachineKey)
     hardware: str = ""  # the hardware part of it ("" when the job's runs share one hardware)
     nodes: int | None = None  # the node count of the row's runs (None: not recorded)
+    layout: str = "?"  # nodes x ranks per node, from the runs' hosts (load.layout_of), e.g. "2x4"
+    ratio_ci: tuple[float, float] | None = None  # bootstrap 95% interval of ``ratio`` (stats.ratio_interval)
 
     def __post_init__(self) -> None:
         self.plain = self.plain or self.backend
         self.series = self.series or self.plain
 
     @property
-    def pair_key(self) -> tuple[str, int, int]:
+    def layout_counts(self) -> tuple[int | None, int | None]:
+        """(nodes, ranks per node) of ``layout`` ("2x4" -> (2, 4); None where not known or uneven)."""
+        m = re.fullmatch(r"(\d+)x(\d+)?.*", self.layout)
+        return (int(m.group(1)), int(m.group(2)) if m.group(2) else None) if m else (None, None)
+
+    @property
+    def pair_key(self) -> tuple[str, int, int, str]:
         """What a ratio pairs on when a world size has several rows: hardware, nodes, workers."""
-        return self.hardware, -1 if self.nodes is None else self.nodes, self.num_workers
+        return self.hardware, -1 if self.nodes is None else self.nodes, self.num_workers, self.layout
     base: str = ""  # the runs' backend (``backend`` is the row label)
     variant: str | None = None  # the runs' tuning variant (``RunRecord.tuning.variant``); None: default knobs
     comparable: bool = True  # the backend's default way of training (strategy, synchronous): in best vs best
@@ -83,6 +89,8 @@ class RatioRow:
     num_ips: float | None
     ratio: float | None
     machine: str = ""  # the pair's hardware and nodes when the job ran on several machines ("": one machine)
+    ratio_ci: tuple[float, float] | None = None  # bootstrap 95% interval (None: a cell has < 6 repeats)
+    layout: str = ""  # the pair's layouts, e.g. "1x2" or "1x2 / 2x1" when they differ
     den_collective: str | None = None  # the rows' used collectives
     num_collective: str | None = None
     caveat: str | None = None  # why the ratio is not like for like (collectives_caveat), None when it is
@@ -132,9 +140,7 @@ def _make_row(backend: str, ws: int, nw: int, runs: list[dict[str, Any]]) -> Row
         repeats=len(runs),
         ips=ips,
         ips_median=statistics.median(ips),
-        ips_mean=statistics.fmean(ips),
-        ips_stdev=statistics.stdev(ips) if len(ips) > 1 else None,
-        ips_ci95=mean_ci95(ips),
+        ips_interval=median_interval(ips),
         global_batch_size=gbs.most_common(1)[0][0] if gbs else None,
         step_p50=median(num(r["step_time"].get("median")) for r in runs),
         step_p95=median(num(r["step_time"].get("p95")) for r in runs),
@@ -142,6 +148,7 @@ def _make_row(backend: str, ws: int, nw: int, runs: list[dict[str, Any]]) -> Row
         time_to_first_step=median(num(r["time_to_first_step"]) for r in runs),
         timed_wall_time=median(num(r.get("timed_wall_time")) for r in runs),
         final_loss=median(_final_loss(r) for r in runs),
+        layout=str(runs[0].get("_layout") or layout_of(runs[0])[2]),
         files=[r.get("_path", "?") for r in runs],
         **_input_fields(runs),
         base=str(runs[0]["backend"]),
@@ -238,14 +245,15 @@ def row_label(run: Mapping[str, Any]) -> str:
 def _rows(runs: list[dict[str, Any]]) -> list[Row]:
     """One row per backend (row label) x machine (common.report.machines) x world size x worker count, in table
     order: runs on different CPU or GPU models, or on different node counts, never share a row."""
-    cells: dict[tuple[str, str, int, bool, int, int], list[dict[str, Any]]] = {}
+    cells: dict[tuple[str, str, int, bool, int, str, int], list[dict[str, Any]]] = {}
     for r, m in zip(runs, machine_keys(runs, row_label)):
         nodes = -1 if m.nodes is None else m.nodes
-        cells.setdefault((row_label(r), m.hardware, nodes, m.show_nodes, r["world_size"], r["num_workers"]),
+        layout = str(r.get("_layout") or layout_of(r)[2])
+        cells.setdefault((row_label(r), m.hardware, nodes, m.show_nodes, r["world_size"], layout, r["num_workers"]),
                          []).append(r)
     order = {b: i for i, b in enumerate(order_backends(k[0] for k in cells))}
     rows = []
-    for (label, hw, nodes, show, ws, nw), rs in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1:])):
+    for (label, hw, nodes, show, ws, _, nw), rs in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1:])):
         key = MachineKey(hw, None if nodes < 0 else nodes, show)
         row = _make_row(f"{label} [{key.suffix()}]" if key.suffix() else label, ws, nw, rs)
         row.plain, row.machine, row.hardware, row.nodes = label, key.suffix(), hw, key.nodes
@@ -306,16 +314,19 @@ def _ratios(rows: list[Row], notes: list[str]) -> list[RatioRow]:
                 continue
             ratio = n.ips_median / d.ips_median if d and n else None
             caveat = collectives_caveat(d, n) if d and n else None
+            ci = ratio_interval(n.ips, d.ips) if d and n else None
+            layouts = " / ".join(dict.fromkeys(r.layout for r in (d, n) if r is not None))
             ratios.append(RatioRow(ws, d.num_workers if d else None, n.num_workers if n else None,
                                    d.ips_median if d else None, n.ips_median if n else None, ratio,
-                                   machine=_pair_machine(d, n, several), den_collective=d.collective if d else None,
+                                   machine=_pair_machine(d, n, several), ratio_ci=ci, layout=layouts,
+                                   den_collective=d.collective if d else None,
                                    num_collective=n.collective if n else None, caveat=caveat))
             if caveat:
                 notes.append(f"at world size {ws} the {RATIO_NUM}/{RATIO_DEN} ratio is not like for like ({caveat}): "
                              "it compares the collectives as much as the backends")
             for r in (d, n):
                 if r is not None:
-                    r.ratio = ratio
+                    r.ratio, r.ratio_ci = ratio, ci
             lone = d if n is None else n if d is None else None
             if not missing and lone is not None:
                 lone_sizes.setdefault(lone.backend, []).append(ws)
@@ -326,6 +337,9 @@ def _ratios(rows: list[Row], notes: list[str]) -> list[RatioRow]:
             elif d and n and d.nodes != n.nodes and None not in (d.nodes, n.nodes):
                 notes.append(f"at world size {ws} the backends ran on different node counts ({RATIO_DEN}: "
                              f"{d.nodes}, {RATIO_NUM}: {n.nodes}); the ratio compares them as they ran")
+            elif d and n and d.layout != n.layout:
+                notes.append(f"at world size {ws} the backends ran different layouts (nodes x ranks per node; "
+                             f"{RATIO_DEN}: {d.layout}, {RATIO_NUM}: {n.layout}); the ratio compares them as they ran")
     for b, sizes in lone_sizes.items():
         listed = ", ".join(str(x) for x in dict.fromkeys(sizes))
         notes.append(f"{RATIO_NUM}/{RATIO_DEN} ratio is {NA} at world size {listed}: only {b} ran there")
@@ -336,6 +350,9 @@ def _run_notes(job: Mapping[str, Any], runs: list[dict[str, Any]], rows: list[Ro
     """Notes on single repeats, inconsistent batch sizes or weights, and differing software versions."""
     if any(r.repeats == 1 for r in rows):
         notes.append(f"rows with a single repeat show \"{NO_INTERVAL}\"; repeat those runs to get an interval")
+    if any(1 < r.repeats < MIN_CI_RUNS for r in rows):
+        notes.append(f"rows with 2-{MIN_CI_RUNS - 1} repeats show their range (min-max), not a confidence interval: "
+                     f"a 95% interval of the median needs at least {MIN_CI_RUNS} repeats")
     per_replica = num(job.get("per_replica_batch_size"))
     for r in runs:
         gb = r.get("global_batch_size")
