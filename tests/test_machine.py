@@ -134,13 +134,13 @@ def test_records_carry_the_block_through_gather_and_make_record() -> None:
 
     job = Job(name="m", per_replica_batch_size=4, steps=2)
     backend = types.SimpleNamespace(
-        name="native", num_workers=1, allgather=lambda x: [x],
+        name="native", num_workers=1, is_chief=True, allgather=lambda x: [x],
         info=types.SimpleNamespace(local_rank=0, local_size=1, cpus=(0,), cpu_bind="none", device="cpu"),
         describe=lambda: {}, capabilities=lambda: Capabilities(Collective("auto", "n/a", "one process")))
     built = types.SimpleNamespace(model=types.SimpleNamespace(weights=[], trainable_weights=[],
                                                               trainable_variables=[]))
     hooks = types.SimpleNamespace(clock_marks=lambda: [[0, 0.0], [1, 0.5], [2, 1.0]], warm=1, losses=[1.0, 0.5],
-                                  first_step_done=1.0, input_clock=None)
+                                  first_step_done=1.0, input_clock=None, evaluations=[])
     opts = types.SimpleNamespace(iface=None, t_process_start=0.0, command=("python",))
     resume = types.SimpleNamespace(previous={}, start_step=0)
     ctx = RunContext(job, backend, opts, Plan(4, 0.1, 2, 2, 1))  # type: ignore[arg-type]

@@ -119,4 +119,4 @@ def test_a_third_backend_plugs_in_by_its_module_and_one_registry_line(monkeypatc
     native = runner("native", *job, workers=1)  # the parity tests' run: same job, same seed
     assert first_divergence(toy["step_losses"], native["step_losses"], 1e-5) is None
     (summary,) = report.summarize(report.load_runs(tmp_path))
-    assert summary.backends == ["toy"] and "| toy | 1 | 1 | 1 |" in report.format_table(summary)
+    assert summary.backends == ["toy"] and "| toy | 1 | 1x1 | 1 | 1 |" in report.format_table(summary)
