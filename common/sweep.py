@@ -7,7 +7,7 @@
                                   [--repeats R [--order-seed S]] [--hint H] [--srun-mpi TYPE] [--module-purge]
                                   [--set KEY=VALUE ...] [--sbatch-arg ARG ...] [--backend-arg ARG ...]
                                   [--native-arg ARG ...] [--horovod-arg ARG ...] [--skip-data-check] [--dry-run]
-    python -m common.sweep status DIR [--json] [--wait SECONDS]
+    python -m common.sweep status DIR [--json] [--wait SECONDS] [--until WIDTH]
 
 ``submit`` runs ``sbatch jobs/slurm/{native,horovod}.sbatch`` once per (world size, backend), both backends of a
 size with the same sbatch resource options: one task per GPU, ``--gres=gpu:N`` per node, ``ceil(size / N)``
@@ -29,7 +29,8 @@ TWINBENCH_HINT, TWINBENCH_SRUN_MPI and TWINBENCH_MODULE_PURGE (jobs/slurm/env.sh
 ``status`` says for every run whether it finished (a results JSON is there), failed, is running or pending,
 from the result files always and from squeue / sacct / scontrol where they answer ("unknown": Slurm no longer
 knows the job and there is no result). Exit status 0 when every run finished, 1 when one failed (or is unknown),
-3 when runs are still pending or running (``--wait`` polls until they are not).
+3 when runs are still pending or running (``--wait`` polls until they are not). ``--until 5%``: also whether every cell
+is within 5% of its median (common.sweep_order; exit 4 when all runs finished but a cell is not).
 
 Bad input prints one line on stderr and exits 2, before anything is submitted or written. No TensorFlow here.
 """
@@ -420,19 +421,21 @@ def status(a: argparse.Namespace) -> int:
         fail(f"--wait must be >= 0 seconds, got {a.wait}")
     deadline = time.monotonic() + (a.wait or 0)
     try:
+        width = so.until_width(a.until)
         rows = status_once(root)
         while a.wait and any(r["state"] in ("pending", "running") for r in rows) and time.monotonic() < deadline:
             time.sleep(min(a.poll, max(deadline - time.monotonic(), 0.1)))
             rows = status_once(root)
-    except SweepError as e:
+    except (SweepError, ValueError) as e:
         fail(str(e))
     counts = so.cell_counts(load_manifest(root)["runs"], rows)
-    if a.json:
-        print(json.dumps({"results_dir": str(root), "runs": rows, "cells": counts}, indent=1))
-    else:
+    if not a.json:
         print_table(rows, root)
         print("\n".join(so.format_cell_counts(counts)), flush=True)
-    return exit_code(rows)
+    code, until = so.until_status(root, width, exit_code(rows), a.json) if width else (exit_code(rows), None)
+    if a.json:
+        print(json.dumps({"results_dir": str(root), "runs": rows, "cells": counts, "until": until}, indent=1))
+    return code
 
 
 # -- command line -----------------------------------------------------------------------------------------------
@@ -477,6 +480,7 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                     help="poll until no run is pending or running, at most this long")
     st.add_argument("--poll", type=float, default=10.0, help=argparse.SUPPRESS)
+    so.add_status_options(st)
     return p
 
 

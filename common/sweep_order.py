@@ -5,7 +5,9 @@ is a permutation of the cells, shuffled with a seeded generator (``--order-seed`
 different order each round, and the first job of a round never repeats the cell of the previous round's last job
 (when there are at least two cells), so consecutive jobs always change cell: a drift of the machine over the sweep
 (another job's traffic, a thermal state, a file system's load) spreads over every cell instead of biasing one.
-No TensorFlow here.
+``status --until 5%`` adds the report's convergence check (common.report.converge: every cell's 95% interval of the
+median within 5% of it, never before 6 repeats) to the status; exit 4 when every run finished but a cell is not yet
+within it (more rounds needed), else status' own exit. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import argparse
 import os
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+EXIT_NOT_CONVERGED = 4  # status --until: every run finished, a cell is not yet within the width
 SRUN_MPI = ("pmix", "pmi2", "pmix_v4", "none")  # srun --mpi types of the Horovod launch (jobs/slurm/env.sh)
 
 
@@ -88,3 +92,37 @@ def launch_env(a: argparse.Namespace) -> dict[str, str]:
     if a.module_purge:
         out["TWINBENCH_MODULE_PURGE"] = "1"
     return out
+
+
+def add_status_options(st: argparse.ArgumentParser) -> None:
+    """``status``'s convergence option."""
+    st.add_argument("--until", metavar="WIDTH", default=None,
+                    help="also check whether every cell's 95%% interval of its median is within WIDTH (5%% or 0.05) "
+                         f"of it (needs 6 runs per cell); exit {EXIT_NOT_CONVERGED} when every run finished but a "
+                         "cell is not yet within it")
+
+
+def until_width(text: str | None) -> float | None:
+    """``--until``'s width as a fraction, None without it; ValueError (one line) on a bad one."""
+    from common.report.converge import parse_width
+
+    return None if text is None else parse_width(text)
+
+
+def until_status(root: Path, width: float, code: int, as_json: bool) -> tuple[int, dict[str, Any]]:
+    """The convergence check of the sweep's results so far (printed unless ``as_json``), and the exit status:
+    ``code`` (status' own) unless it is 0, then 0 when every cell is within ``width``, else EXIT_NOT_CONVERGED."""
+    from common.report.build import load_set
+    from common.report.converge import check, converged, format_checks, verdict
+    from common.report.summary import summarize
+
+    runs = load_set([root], warn=lambda m: None) if root.is_dir() else []
+    checks = check(summarize(runs), width) if runs else []
+    done = converged(checks)
+    lines = format_checks(checks, width) if checks else [f"no results yet to check against --until {100 * width:g}%"]
+    if not as_json:
+        print("\n".join(lines), flush=True)
+    out = {"width": width, "converged": done, "verdict": verdict(checks, width) if checks else lines[-1],
+           "cells": [{"cell": c.cell, "runs": c.repeats, "median": c.median, "width": c.width,
+                      "converged": c.converged} for c in checks]}
+    return (code if code else 0 if done else EXIT_NOT_CONVERGED), out

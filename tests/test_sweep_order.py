@@ -93,3 +93,30 @@ def test_status_counts_per_cell(tmp_path, capsys):
     assert cells["horovod-n2"]["done"] == 1 and cells["horovod-n2"]["of"] == 2
     sweep.main(["status", str(root)])
     assert "native-n1   done 2/2, failed 0, pending 0" in capsys.readouterr().out
+
+
+def test_status_until_checks_convergence_of_the_finished_runs(tmp_path, capsys):
+    from tests.test_report import make_run, put
+
+    runs, header = sweep.plan(_submit_args(tmp_path, "--repeats", "6"))
+    root = tmp_path / "sw"
+    root.mkdir()
+    (root / sweep.MANIFEST).write_text(json.dumps({**header, "runs": [{**r, "job_id": str(100 + i)}
+                                                                       for i, r in enumerate(runs)]}))
+    spread = [80.0, 120.0, 90.0, 110.0, 100.0, 100.0]
+    for r in runs:  # every cell within 1% of 100 images/s, but native at 2 replicas spread over 80-120
+        ips = spread[r["round"] - 1] if r["cell"] == "native-n2" else 100.0 + r["round"] % 3 * 0.5
+        put(root / r["results_dir"], make_run(r["backend"], r["size"], ips, run_id=r["name"]))
+    assert sweep.main(["status", str(root), "--until", "5%"]) == sweep_order.EXIT_NOT_CONVERGED
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "not yet within 5%: native 2 replicas (2x1) 20.0% wide"
+    assert sweep.main(["status", str(root), "--until", "0.25", "--json"]) == 0
+    until = json.loads(capsys.readouterr().out)["until"]
+    assert until["converged"] and len(until["cells"]) == 4 and until["width"] == 0.25
+    (root / "native-n2-r6" / "native-n2-r6.json").unlink()  # a finished run lost: status' own exit wins
+    assert sweep.main(["status", str(root), "--until", "25%"]) == sweep.EXIT_FAILED
+    assert capsys.readouterr().out.splitlines()[-1] == "not yet within 25%: native 2 replicas (2x1) 5 of 6 runs"
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["status", str(root), "--until", "5"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "--until" in err
