@@ -4,10 +4,12 @@
                                   [--backends native,horovod | --variant LABEL=BACKEND[:ARGS] ...]
                                   [--gres-per-node N] [--cpus-per-task C] [--time T] [--partition P]
                                   [--account A] [--exclusive] [--serial] [--hvd-launch srun|horovodrun]
-                                  [--repeats R [--order-seed S]] [--hint H] [--srun-mpi TYPE] [--module-purge]
+                                  [--repeats R [--order-seed S] [--max-repeats N]] [--hint H] [--srun-mpi TYPE]
+                                  [--module-purge]
                                   [--set KEY=VALUE ...] [--sbatch-arg ARG ...] [--backend-arg ARG ...]
                                   [--native-arg ARG ...] [--horovod-arg ARG ...] [--skip-data-check] [--dry-run]
-    python -m common.sweep status DIR [--json] [--wait SECONDS]
+    python -m common.sweep status DIR [--json] [--wait SECONDS] [--until WIDTH]
+    python -m common.sweep extend DIR [--rounds K]
 
 ``submit`` runs ``sbatch jobs/slurm/{native,horovod}.sbatch`` once per (world size, backend), both backends of a
 size with the same sbatch resource options: one task per GPU, ``--gres=gpu:N`` per node, ``ceil(size / N)``
@@ -29,7 +31,8 @@ TWINBENCH_HINT, TWINBENCH_SRUN_MPI and TWINBENCH_MODULE_PURGE (jobs/slurm/env.sh
 ``status`` says for every run whether it finished (a results JSON is there), failed, is running or pending,
 from the result files always and from squeue / sacct / scontrol where they answer ("unknown": Slurm no longer
 knows the job and there is no result). Exit status 0 when every run finished, 1 when one failed (or is unknown),
-3 when runs are still pending or running (``--wait`` polls until they are not).
+3 when runs are still pending or running (``--wait`` polls until they are not). ``--until 5%``: also whether every cell
+is within 5% of its median (common.sweep_order; exit 4 when all runs finished but a cell is not).
 
 Bad input prints one line on stderr and exits 2, before anything is submitted or written. No TensorFlow here.
 """
@@ -185,6 +188,7 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             })
     try:
         runs = so.ordered_runs(cells, a.repeats, a.order_seed)
+        cap = so.repeats_cap(a.repeats, a.max_repeats)
     except ValueError as e:
         raise SweepError(str(e)) from None
     header = {
@@ -204,6 +208,7 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "hvd_launch": a.hvd_launch,
         "serial": a.serial,
         "repeats": a.repeats,
+        "max_repeats": cap,  # the most rounds `extend` may bring the sweep to
         "order_seed": a.order_seed if a.order_seed is not None or a.repeats == 1 else 0,
         "order": [{"cell": r["cell"], "round": r["round"]} for r in runs],
         "launch_env": so.launch_env(a),
@@ -246,9 +251,6 @@ def submit(a: argparse.Namespace) -> int:
     except SweepError as e:
         fail(str(e))
     results = Path(a.results).resolve()
-    env = dict(os.environ)
-    env["TWINBENCH_REPO"] = header["repo"]
-    env.update(header["launch_env"])
     env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in {"TWINBENCH_REPO": header["repo"],
                                                                **header["launch_env"]}.items())
     if a.dry_run:
@@ -272,10 +274,15 @@ def submit(a: argparse.Namespace) -> int:
         (results / "logs").mkdir(exist_ok=True)
     except OSError as e:
         fail(str(e))
-    manifest = {**header, "runs": []}
-    prev = None
+    return submit_runs(runs, header, results, {**header, "runs": []})
+
+
+def submit_runs(runs: list[dict[str, Any]], header: dict[str, Any], results: Path, manifest: dict[str, Any]) -> int:
+    """sbatch every run in order, each recorded in ``manifest`` (written after every submission) as it goes."""
+    env = {**os.environ, "TWINBENCH_REPO": header["repo"], **header["launch_env"]}
+    prev = str(manifest["runs"][-1]["job_id"]) if manifest["runs"] else None
     for run in runs:
-        cmd = sbatch_command(run, header, results, prev if a.serial else None)
+        cmd = sbatch_command(run, header, results, prev if header["serial"] else None)
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=SLURM_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -294,9 +301,24 @@ def submit(a: argparse.Namespace) -> int:
         prev = job_id
         print(f"[{PROG}] {run['name']}: job {job_id} ({run['nodes']} node(s) x {run['ntasks_per_node']} task(s)) "
               f"-> {results / run['results_dir']}", flush=True)
-    print(f"[{PROG}] {len(runs)} job(s) submitted; manifest {results / MANIFEST}; "
-          f"follow with: python -m common.sweep status {results}", flush=True)
+    print(f"[{PROG}] {len(runs)} job(s) submitted ({manifest.get('repeats', 1)} round(s) in all); manifest "
+          f"{results / MANIFEST}; follow with: python -m common.sweep status {results}", flush=True)
     return 0
+
+
+def extend(a: argparse.Namespace) -> int:
+    """``extend DIR --rounds K``: K more interleaved rounds into the sweep's manifest (common.sweep_order)."""
+    root = Path(a.results_dir).resolve()
+    try:
+        manifest = load_manifest(root)
+        runs = so.more_rounds(manifest, a.rounds)
+    except (SweepError, ValueError) as e:
+        fail(str(e))
+    if shutil.which("sbatch") is None:
+        fail("sbatch not found: run this on a Slurm login node")
+    manifest["repeats"], manifest["order"] = runs[-1]["round"], [*manifest.get("order", []), *(
+        {"cell": r["cell"], "round": r["round"]} for r in runs)]
+    return submit_runs(runs, manifest, root, manifest)
 
 
 # -- status ---------------------------------------------------------------------------------------------------
@@ -386,23 +408,6 @@ def status_once(root: Path) -> list[dict[str, Any]]:
     return [classify(r, root, states.get(str(r["job_id"]))) for r in runs]
 
 
-def print_table(rows: list[dict[str, Any]], root: Path) -> None:
-    head = ("backend", "size", "job", "state", "slurm", "result / detail")
-    lines = []
-    for r in rows:
-        where = (os.path.relpath(r["results"][-1], root) if r["results"] else
-                 f"{r['detail']}; log {os.path.relpath(r['log'], root)}" if r["state"] == "failed" else r["detail"])
-        name = r["backend"] if r["variant"] == r["backend"] else f"{r['variant']} ({r['backend']})"
-        lines.append((name, str(r["size"]), str(r["job_id"]), r["state"], r["slurm_state"] or "-", where))
-    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head) - 1)]
-    for row in [head, *lines]:
-        print("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["state"]] = counts.get(r["state"], 0) + 1
-    print(f"{len(rows)} run(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
-
-
 def exit_code(rows: list[dict[str, Any]]) -> int:
     states = {r["state"] for r in rows}
     if "failed" in states:
@@ -420,19 +425,21 @@ def status(a: argparse.Namespace) -> int:
         fail(f"--wait must be >= 0 seconds, got {a.wait}")
     deadline = time.monotonic() + (a.wait or 0)
     try:
+        width = so.until_width(a.until)
         rows = status_once(root)
         while a.wait and any(r["state"] in ("pending", "running") for r in rows) and time.monotonic() < deadline:
             time.sleep(min(a.poll, max(deadline - time.monotonic(), 0.1)))
             rows = status_once(root)
-    except SweepError as e:
+    except (SweepError, ValueError) as e:
         fail(str(e))
     counts = so.cell_counts(load_manifest(root)["runs"], rows)
-    if a.json:
-        print(json.dumps({"results_dir": str(root), "runs": rows, "cells": counts}, indent=1))
-    else:
-        print_table(rows, root)
+    if not a.json:
+        so.print_table(rows, root)
         print("\n".join(so.format_cell_counts(counts)), flush=True)
-    return exit_code(rows)
+    code, until = so.until_status(root, width, exit_code(rows), a.json) if width else (exit_code(rows), None)
+    if a.json:
+        print(json.dumps({"results_dir": str(root), "runs": rows, "cells": counts, "until": until}, indent=1))
+    return code
 
 
 # -- command line -----------------------------------------------------------------------------------------------
@@ -477,12 +484,16 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                     help="poll until no run is pending or running, at most this long")
     st.add_argument("--poll", type=float, default=10.0, help=argparse.SUPPRESS)
+    so.add_status_options(st)
+    ex = sub.add_parser("extend", help="submit more interleaved rounds of every cell into a sweep (up to its cap)")
+    ex.add_argument("results_dir", metavar="DIR", help="the sweep directory given to submit --results")
+    ex.add_argument("--rounds", type=int, default=1, help="rounds to add (default 1), up to submit's --max-repeats")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    return submit(a) if a.command == "submit" else status(a)
+    return {"submit": submit, "extend": extend, "status": status}[a.command](a)
 
 
 if __name__ == "__main__":

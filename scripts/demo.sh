@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The main job: a local CPU comparison of both backends at 1 and 2 workers on jobs/smoke.toml, then the report.
 # Each run's full output goes to $OUT/logs/; on failure its tail is shown.
+# UNTIL=5% (or 0.05): after the REPEATS rounds, add one interleaved round of every cell at a time until every cell's
+# 95% interval of its median is within 5% of it (python -m common.report DIR --until 5%: never before 6 repeats, as a
+# 95% interval needs 6), or MAX_REPEATS (default 12) rounds have run; the last line says which (docs/measurement.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}  # the environment to run: .venv (TensorFlow 2.21) or .venv-tf2.18 (the fallback)
@@ -10,11 +13,28 @@ OUT=${OUT:-demo-results}
 MODE=${MODE:-fit}
 STEPS=${STEPS:-200}  # smoke.toml's 12 steps test correctness; 200 (10 untimed) give the timing something to average
 REPEATS=${REPEATS:-3}  # runs per backend x world size: 2-5 give the report a min-max range, 6 a 95% CI
+UNTIL=${UNTIL:-}  # e.g. 5%: add rounds until every cell's interval is within 5% of its median (empty: REPEATS only)
 export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/$VENV/bin:$PATH"
 for v in REPEATS STEPS; do
   case ${!v} in ''|*[!0-9]*|0) echo "demo: $v must be a positive integer, got '${!v}'" >&2; exit 2 ;; esac
 done
 if ((STEPS <= 10)); then echo "demo: STEPS must exceed the 10 untimed warm-up steps, got $STEPS" >&2; exit 2; fi
+if [[ -z $UNTIL && -n ${MAX_REPEATS:-} ]]; then echo "demo: MAX_REPEATS only applies with UNTIL (e.g. UNTIL=5%)" >&2; exit 2; fi
+if [[ -n $UNTIL ]]; then
+  MAX_REPEATS=${MAX_REPEATS:-12}  # the cap of UNTIL's rounds
+  case $MAX_REPEATS in ''|*[!0-9]*|0) echo "demo: MAX_REPEATS must be a positive integer, got '$MAX_REPEATS'" >&2; exit 2 ;; esac
+  if ((MAX_REPEATS < 6 || MAX_REPEATS < REPEATS)); then
+    echo "demo: MAX_REPEATS must be at least 6 (a 95% interval of a median needs 6 repeats) and REPEATS ($REPEATS)," \
+      "got $MAX_REPEATS" >&2; exit 2
+  fi
+  # the report's own rule for the width (common.report.converge.parse_width): one line and exit 2 on a bad one
+  WITHIN=$($PY -c 'import sys
+from common.report.converge import parse_width, percent
+try:
+    print(percent(parse_width(sys.argv[1])))
+except ValueError as e:
+    sys.exit("demo: " + str(e).replace("--until", "UNTIL", 1))' "$UNTIL") || exit 2  # as a percentage: 0.05 -> 5%
+fi
 mkdir -p "$OUT/logs"
 # One demo is one comparison: results of an earlier demo are moved aside (kept, not read by the report).
 if compgen -G "$OUT/*.json" > /dev/null; then
@@ -32,7 +52,7 @@ run() {
   fi
 }
 COMMON=(--job "$JOB" --set mode="$MODE" --set steps="$STEPS" --set timing_warmup_steps=10 --results "$OUT")
-echo "twinbench demo: $JOB, mode $MODE, $STEPS steps, $REPEATS repeat(s), results in $OUT/ (one run at a time: concurrent runs would measure each other)"
+echo "twinbench demo: $JOB, mode $MODE, $STEPS steps, $REPEATS repeat(s)${UNTIL:+ then more until within $WITHIN (at most $MAX_REPEATS)}, results in $OUT/ (one run at a time: concurrent runs would measure each other)"
 # One cell = one backend at one world size, started by the backend's own local launcher (python -m backends).
 cell() {
   local backend=$1 n=$2 tag=$3 cmd
@@ -45,14 +65,36 @@ for n in 1 2; do for b in "${BACKENDS[@]}"; do CELLS+=("$b $n"); done; done
 # Repeats give the report its intervals (min-max; a 95% CI from 6 repeats); cells are interleaved, in reverse order
 # every other repeat, so that a drift of the machine (another job, thermal) hits both backends alike instead of one
 # backend's block of runs.
-for ((r = 1; r <= REPEATS; r++)); do
-  tag=$( ((REPEATS > 1)) && echo "-r$r" || true)
+one_round() {
+  local r=$1 i j b n tag=""
+  if ((REPEATS > 1)) || [[ -n $UNTIL ]]; then tag="-r$r"; fi
   for ((i = 0; i < ${#CELLS[@]}; i++)); do
     j=$(( r % 2 == 0 ? ${#CELLS[@]} - 1 - i : i ))
     read -r b n <<< "${CELLS[$j]}"
     cell "$b" "$n" "$tag"
   done
-done
+}
+for ((r = 1; r <= REPEATS; r++)); do one_round "$r"; done
+# UNTIL: the report's check after every round (its table in $OUT/logs/until-r<N>.log; exit 0 converged, 1 not yet)
+if [[ -n $UNTIL ]]; then
+  r=$REPEATS
+  while :; do
+    rc=0; $PY -m common.report "$OUT" --until "$UNTIL" > "$OUT/logs/until-r$r.log" 2>&1 || rc=$?
+    if ((rc == 0)); then
+      echo "[demo] every cell within $WITHIN of its median after $r repeats"; break
+    elif ((rc != 1)); then
+      echo "[demo] the --until check FAILED, see $OUT/logs/until-r$r.log:"; tail -20 "$OUT/logs/until-r$r.log"; exit 1
+    fi
+    left=$(tail -1 "$OUT/logs/until-r$r.log" | sed 's/^not yet within [^:]*: //')
+    if ((r >= MAX_REPEATS)); then
+      grep -v '^not yet within' "$OUT/logs/until-r$r.log"
+      echo "[demo] stopped at the cap of $MAX_REPEATS repeats, not every cell within $WITHIN of its median: $left"; break
+    fi
+    r=$((r + 1))
+    echo "[demo] round $r (not yet within $WITHIN: $left)"
+    one_round "$r"
+  done
+fi
 # allreduce microbenchmark at 2 ranks (small sizes on a CPU): feeds the report's scaling model
 BENCH=(--bench allreduce --sizes "${SIZES:-4K,64K,1M,4M}" --iters 10 --results "$OUT")
 for b in "${BACKENDS[@]}"; do

@@ -93,3 +93,66 @@ def test_status_counts_per_cell(tmp_path, capsys):
     assert cells["horovod-n2"]["done"] == 1 and cells["horovod-n2"]["of"] == 2
     sweep.main(["status", str(root)])
     assert "native-n1   done 2/2, failed 0, pending 0" in capsys.readouterr().out
+
+
+def test_status_until_checks_convergence_of_the_finished_runs(tmp_path, capsys):
+    from tests.test_report import make_run, put
+
+    runs, header = sweep.plan(_submit_args(tmp_path, "--repeats", "6"))
+    root = tmp_path / "sw"
+    root.mkdir()
+    (root / sweep.MANIFEST).write_text(json.dumps({**header, "runs": [{**r, "job_id": str(100 + i)}
+                                                                       for i, r in enumerate(runs)]}))
+    spread = [80.0, 120.0, 90.0, 110.0, 100.0, 100.0]
+    for r in runs:  # every cell within 1% of 100 images/s, but native at 2 replicas spread over 80-120
+        ips = spread[r["round"] - 1] if r["cell"] == "native-n2" else 100.0 + r["round"] % 3 * 0.5
+        put(root / r["results_dir"], make_run(r["backend"], r["size"], ips, run_id=r["name"]))
+    assert sweep.main(["status", str(root), "--until", "5%"]) == sweep_order.EXIT_NOT_CONVERGED
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "not yet within 5%: native 2 replicas (2x1) 20.0% wide"
+    assert sweep.main(["status", str(root), "--until", "0.25", "--json"]) == 0
+    until = json.loads(capsys.readouterr().out)["until"]
+    assert until["converged"] and len(until["cells"]) == 4 and until["width"] == 0.25
+    (root / "native-n2-r6" / "native-n2-r6.json").unlink()  # a finished run lost: status' own exit wins
+    assert sweep.main(["status", str(root), "--until", "25%"]) == sweep.EXIT_FAILED
+    assert capsys.readouterr().out.splitlines()[-1] == "not yet within 25%: native 2 replicas (2x1) 5 of 6 runs"
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["status", str(root), "--until", "5"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "--until" in err
+
+
+def test_extend_submits_more_rounds_continuing_the_order_up_to_the_cap(tmp_path, capsys, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"""#!/usr/bin/env bash
+n=$(cat {tmp_path}/count 2>/dev/null || echo 100); n=$((n + 1)); echo $n > {tmp_path}/count; echo "$n;cluster"
+""")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{base_env()['PATH']}")
+    root = tmp_path / "sw"
+    assert sweep.main(["submit", "--job", SMOKE, "--sizes", "1,2", "--results", str(root), "--repeats", "2",
+                       "--order-seed", "5", "--max-repeats", "4", "--serial"]) == 0
+    assert json.loads((root / sweep.MANIFEST).read_text())["max_repeats"] == 4
+    assert sweep.main(["extend", str(root), "--rounds", "2"]) == 0
+    assert "8 job(s) submitted (4 round(s) in all)" in capsys.readouterr().out
+    m = json.loads((root / sweep.MANIFEST).read_text())
+    assert [(r["cell"], r["round"] - 1) for r in m["runs"]] == sweep_order.interleave(CELLS, 4, 5), \
+        "the rounds a --repeats 4 submission would have made"
+    assert [(o["cell"], o["round"]) for o in m["order"]] == [(r["cell"], r["round"]) for r in m["runs"]]
+    assert m["repeats"] == 4 and [r["order"] for r in m["runs"]] == list(range(16))
+    assert [r["job_id"] for r in m["runs"]] == [str(101 + i) for i in range(16)]
+    assert len({r["results_dir"] for r in m["runs"]}) == 16 and m["runs"][8]["results_dir"].endswith("-r3")
+    assert "--dependency=afterany:108" in m["runs"][8]["sbatch"], "serial: the new rounds wait for the last job"
+    assert m["runs"][8]["log"] == f"logs/{m['runs'][8]['name']}-109.out"
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["extend", str(root)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "its cap is 4" in err
+    assert len(json.loads((root / sweep.MANIFEST).read_text())["runs"]) == 16
+
+
+def test_max_repeats_below_repeats_is_refused(tmp_path):
+    with pytest.raises(sweep.SweepError, match="--max-repeats"):
+        sweep.plan(_submit_args(tmp_path, "--repeats", "3", "--max-repeats", "2"))
+    assert sweep.plan(_submit_args(tmp_path, "--repeats", "3"))[1]["max_repeats"] == 12

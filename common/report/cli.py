@@ -9,8 +9,11 @@ from pathlib import Path
 
 import backends
 from common.report.base import ReportError
-from common.report.build import Report, build_report
+from common.report.build import Report, build_report, load_set
+from common.report.converge import EXIT_CONVERGED, EXIT_NOT_YET, check, converged, format_checks, parse_width
 from common.report.render import format_ratio_table, format_table
+from common.report.selection import select_jobs
+from common.report.summary import summarize
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="extend the scaling model's extrapolation to N replicas (default: at most 4x the largest "
                         "measured size); a model, never measured")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--until", metavar="WIDTH",
+                   help="instead of writing the report: is every cell's 95%% interval of the median within WIDTH "
+                        "(e.g. 5%% or 0.05) of its median? Needs 6 runs per cell; exit 0 yes, 1 not yet "
+                        "(common.report.converge)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the paths written, not the tables")
     return p
 
@@ -53,14 +60,34 @@ def _print_tables(rep: Report) -> None:
             print()
 
 
+def _until(args: argparse.Namespace, job: dict | None) -> int:
+    """``--until WIDTH``: the convergence table of the selected jobs' cells; writes nothing."""
+    width = parse_width(args.until)  # checked by main already
+    runs = load_set(list(args.results_dir))
+    if not runs:
+        raise ReportError(f"no training results in {', '.join(repr(str(d)) for d in args.results_dir)}")
+    summaries = select_jobs(summarize(runs), job_hash=args.job_hash, compare=args.compare, job=job,
+                            where=", ".join(repr(str(d)) for d in args.results_dir))
+    checks = check(summaries, width)
+    print("\n".join(format_checks(checks, width)), flush=True)
+    return EXIT_CONVERGED if converged(checks) else EXIT_NOT_YET
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status (0 ok, 2 bad input or a refused comparison)."""
+    """CLI entry point; returns the exit status (0 ok, 2 bad input or a refused comparison; with --until 0 every
+    cell converged, 1 not yet)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.set and args.job is None:
         parser.error("--set only applies with --job")
     if args.extrapolate_to is not None and args.extrapolate_to < 2:
         parser.error("--extrapolate-to must be at least 2")
+    if args.until is not None:
+        try:
+            parse_width(args.until)
+        except ValueError as e:
+            print(f"report: {e}", file=sys.stderr)
+            return 2
     try:
         job = None
         if args.job is not None:
@@ -70,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 job = load_job(args.job, args.set).to_dict()
             except JobError as e:
                 raise ReportError(str(e)) from None
+        if args.until is not None:
+            return _until(args, job)
         rep = build_report(args.results_dir, args.out, job_hash=args.job_hash, compare=args.compare, job=job,
                            plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions,
                            extrapolate_to=args.extrapolate_to)
