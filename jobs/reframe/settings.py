@@ -48,5 +48,6 @@ site_configuration = {
         },
     ],
     "environments": [{"name": "builtin", "cc": "cc", "cxx": "", "ftn": ""}],
-    "general": [{"check_search_recursive": False}],
+    # poll squeue at least once a second (ReFrame's default decays to once every 10 s): the runs here take seconds
+    "general": [{"check_search_recursive": False, "poll_rate_min": 1}],
 }
