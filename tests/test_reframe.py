@@ -47,14 +47,18 @@ def test_reframe_runs_both_backends_at_one_and_two_tasks(cluster, tmp_path):
     cases = [c for r in data["runs"] for c in r["testcases"]]
     assert len(cases) == 4 and all(c["result"] == "pass" for c in cases), [(c["name"], c["result"]) for c in cases]
     assert data["session_info"]["num_failures"] == 0
-    for c in cases:
-        values = {p["name"]: p["value"] for p in c["perfvars"]}
+    assert sorted((c["backend"], c["tasks"]) for c in cases) == [("horovod", 1), ("horovod", 2), ("native", 1),
+                                                                ("native", 2)]
+    for c in cases:  # perfvalues: "system:partition:var" -> [value, reference, lower, upper, unit, result]
+        values = {key.rsplit(":", 1)[1]: v[0] for key, v in c["perfvalues"].items()}
         assert set(values) == set(PERF_VARS), c["name"]
         assert 0 < values["total_img_s_lo95"] <= values["total_img_s"] <= values["total_img_s_hi95"], values
-        tasks = int(re.search(r"%tasks=(\d)", c["name"]).group(1))
-        assert values["img_s_per_gpu"] == pytest.approx(values["total_img_s"] / tasks, rel=0.01, abs=0.1), values
-    for var in PERF_VARS:  # the performance report names every variable
+        assert values["img_s_per_gpu"] == pytest.approx(values["total_img_s"] / c["tasks"], rel=0.01, abs=0.1), values
+    for var in PERF_VARS:  # the performance report and the perflog name every variable
         assert var in proc.stdout, var
+    perflog = (tmp_path / "rfm" / "perflogs" / "twinbench-local" / "debug" / "TwinbenchCheck.log").read_text()
+    assert all(f"{var}_value" in perflog.splitlines()[0] for var in PERF_VARS)
+    assert len(perflog.splitlines()) == 5 and all(ln.startswith("pass|") for ln in perflog.splitlines()[1:])
     # the same job everywhere: the job file's hash, as each test's output printed it
     outs = sorted((tmp_path / "rfm" / "output").rglob("rfm_job.out"))
     hashes = {re.search(r"^\[reframe\] recorded job_hash (\w+)", o.read_text(), re.M).group(1) for o in outs}
