@@ -11,8 +11,6 @@ these tests are skipped with the reason.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -22,88 +20,11 @@ import pytest
 
 from common.report import load_runs
 from tests.aids.signal_aid import ENV
-from tests.conftest import PY, REPO, SMOKE, base_env, first_divergence, only_result, run
+from tests.conftest import JOB_TIMEOUT, PY, REPO, SMOKE, base_env, first_divergence, only_result, run
 
 RTOL = 1e-5
-SLURM_DIR = REPO / "tests" / "slurm"
-JOB_TIMEOUT = 180  # seconds for one Slurm job to finish; then it is cancelled and the test fails
 IMMEDIATE = "--immediate=120"  # srun/salloc: fail instead of queueing forever when the node is busy
 distributed = pytest.mark.distributed
-
-
-# -- the cluster -----------------------------------------------------------------------------------------------
-class Cluster:
-    def __init__(self, directory: Path, conf: str) -> None:
-        self.dir = directory
-        self.conf = conf
-        self.node = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
-        self.cache: dict[str, Any] = {}
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = base_env()
-        env["SLURM_CONF"] = self.conf
-        env.update(extra)
-        return env
-
-    def run(self, cmd: list[str], **extra_env: str) -> subprocess.CompletedProcess[str]:
-        return run(cmd, env=self.env(**extra_env))
-
-    def job_state(self, job_id: str) -> dict[str, str]:
-        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=self.env(), capture_output=True,
-                             text=True, timeout=30).stdout
-        return dict(f.split("=", 1) for f in out.split() if "=" in f)
-
-    def wait(self, job_id: str, log: Path | None = None) -> dict[str, str]:
-        """Poll `scontrol show job` until the job ends (sbatch --wait is slow); cancel it after JOB_TIMEOUT."""
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while True:
-            info = self.job_state(job_id)
-            if info.get("JobState") not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", None):
-                return info
-            if time.monotonic() > deadline:
-                subprocess.run(["scancel", job_id], env=self.env(), timeout=30)
-                tail = log.read_text()[-3000:] if log and log.exists() else ""
-                raise AssertionError(f"job {job_id} still {info.get('JobState')} after {JOB_TIMEOUT} s "
-                                     f"({info.get('Reason')}); cancelled\n{tail}")
-            time.sleep(0.5)
-
-    def sbatch(self, args: list[str], log: Path, **extra_env: str) -> dict[str, str]:
-        proc = self.run(["sbatch", "--parsable", f"--output={log}", *args], **extra_env)
-        job_id = proc.stdout.strip().split(";")[0]
-        info = self.wait(job_id, log)
-        info["log"] = log.read_text() if log.exists() else ""
-        info["JobId"] = job_id
-        return info
-
-    def once(self, key: str, make: Any) -> Any:
-        """Each distinct run once per session (TF processes are slow to start on 2 cores)."""
-        if key not in self.cache:
-            self.cache[key] = make()
-        return self.cache[key]
-
-
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    missing = [b for b in ("slurmctld", "slurmd", "srun", "sbatch", "munged") if shutil.which(b) is None]
-    if missing:
-        pytest.skip(f"Slurm is not installed (missing {', '.join(missing)}): TWINBENCH_WITH_SLURM=1 make setup")
-    if os.geteuid() != 0:
-        pytest.skip("the test Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
-    directory = tmp_path_factory.mktemp("slurm")
-    proc = subprocess.run(["bash", str(SLURM_DIR / "start_cluster.sh"), str(directory)], capture_output=True,
-                          text=True, timeout=120, env={**base_env(), "TWINBENCH_SLURM_INSTALL": "0"})
-    if proc.returncode != 0:
-        subprocess.run(["bash", str(SLURM_DIR / "stop_cluster.sh"), str(directory)], capture_output=True,
-                       timeout=60)
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"could not start the test Slurm cluster: {last}")
-    conf = str(directory / "etc" / "slurm.conf")
-    assert f"export SLURM_CONF={conf}" in proc.stdout
-    try:
-        yield Cluster(directory, conf)
-    finally:
-        keep = ["--keep"] if os.environ.get("TWINBENCH_KEEP_SLURM") == "1" else []
-        subprocess.run(["bash", str(SLURM_DIR / "stop_cluster.sh"), *keep, str(directory)], timeout=120)
 
 
 def backend(kind: str, results: Path, *extra: str) -> list[str]:
