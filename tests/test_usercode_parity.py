@@ -20,7 +20,8 @@ import pytest
 
 import backends
 from common.workload.job import job_from_dict, load_job
-from tests.conftest import PY, REPO, backend_cmd, first_divergence, only_result, run, same_losses
+from tests.conftest import REPO, backend_cmd, first_divergence, only_result, run, same_losses
+from tests.test_check import _check as check_command
 
 pytestmark = pytest.mark.distributed
 MY_JOB = str(REPO / "examples" / "my_job.toml")
@@ -43,10 +44,7 @@ def build(input_shape, num_classes, hidden=(32,)):
 
 
 def _check(*args: str) -> subprocess.CompletedProcess[str]:
-    from tests.conftest import base_env
-
-    return subprocess.run([PY, "-m", "common.check", *args], cwd=REPO, env=base_env(), capture_output=True,
-                          text=True, timeout=1800)
+    return check_command(*args, timeout=1800)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ points, the runner, the training loop and the launchers agree without importing 
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any, NoReturn
 
@@ -31,6 +32,20 @@ class PeerLost(Exception):
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
         self.detail = f"{type(cause).__name__}: {first}"  # the failed collective's own first line
         super().__init__(f"lost {self.who}: it no longer answers ({self.detail})")
+
+
+def one_line(e: BaseException, *, with_type: bool = True, limit: int = 300) -> str:
+    """The informative first line of an exception for a one-line error: Keras' "Exception encountered" / "Call
+    arguments" lines and TF's graph-node dump left out, prefixed by the exception's type unless ``with_type`` is
+    False, at most ``limit`` characters."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith(("Exception encountered", "Call arguments received", "•"))]
+    line = (useful or lines or [""])[0]
+    line = re.sub(r" for '\{\{node .*?\}\}.*?' with", " with", line)  # "for '{{node x}} = MaxPool[...]' with"
+    if with_type:
+        line = f"{type(e).__name__}: {line}" if line else type(e).__name__
+    line = line or type(e).__name__
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def fail(prog: str, message: str) -> NoReturn:

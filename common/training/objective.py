@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from common.core.errors import one_line
 from common.workload import usercode
 from common.workload.job import DEFAULT_LOSS, Job
 
@@ -91,18 +92,12 @@ def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray
     except usercode.UserCodeError:
         raise
     except Exception as e:
-        raise usercode.UserCodeError(f"{what}: {_first_line(e)}") from None
+        raise usercode.UserCodeError(f"{what}: {one_line(e)}") from None
     if tuple(values.shape) != (k,):
         hint = " (Keras squeezes an output of shape (batch, 1) against labels of shape (batch,): give the labels " \
                "shape (N, 1))" if labels.ndim == 1 and shape[1:] == (1,) else ""
         raise usercode.UserCodeError(f"{what}: gives shape {tuple(values.shape)}, not one value per example "
                                      f"({k},){hint}")
-
-
-def _first_line(e: Exception) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    line = f"{type(e).__name__}: {lines[0] if lines else ''}"
-    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def replica_objective(job: Job, model: Any, global_batch: int, replicas: int) -> Callable[[Any, Any], Any]:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from common.core.errors import UsageError
+from common.core.errors import UsageError, one_line
 from common.workload import usercode
 
 if TYPE_CHECKING:
@@ -127,17 +126,8 @@ def build_model(job: ModelJob, input_shape: tuple[int, ...], num_classes: int | 
         raise
     except ValueError as e:  # keras' shape checks (minimum input size, negative dimensions...)
         raise ModelError(f"model {job.model!r} cannot be built for input shape {input_shape} and "
-                         f"{num_classes} classes: {_one_line(e)}") from None
+                         f"{num_classes} classes: {one_line(e, with_type=False)}") from None
     return model
-
-
-def _one_line(e: Exception) -> str:
-    """The informative line of a (multi-line) Keras/TF error, without the graph-node dump."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    useful = [ln for ln in lines if not ln.startswith(("Exception encountered", "Call arguments received", "•"))]
-    line = (useful or lines or [type(e).__name__])[0]
-    line = re.sub(r" for '\{\{node .*?\}\}.*?' with", " with", line)  # "for '{{node x}} = MaxPool[...]' with"
-    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _logits(tf: Any, x: Any) -> Any:
@@ -230,7 +220,7 @@ def _application(tf: Any, name: str, input_shape: tuple[int, ...], num_classes: 
     try:
         base = ctor(weights=None, input_shape=input_shape, classes=num_classes, classifier_activation=None)
     except TypeError as e:  # a constructor without these arguments is not an ImageNet-style classifier
-        raise ModelError(f"model {name!r} cannot be built as a classifier: {_one_line(e)}") from None
+        raise ModelError(f"model {name!r} cannot be built as a classifier: {one_line(e, with_type=False)}") from None
     if weight_decay > 0:
         base = _with_kernel_l2(tf, base, weight_decay)
     return tf.keras.Model(base.inputs, _logits(tf, base.outputs[0]), name=base.name)

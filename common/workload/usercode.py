@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from common.core.errors import UsageError
+from common.core.errors import UsageError, one_line
 
 # "package.module:function": dotted module path, a colon, a function name
 _REF = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
@@ -56,12 +56,6 @@ def check_ref(key: str, value: str) -> str | None:
 def refs(job: Any) -> dict[str, str]:
     """The job keys that name user code, and their references."""
     return {key: getattr(job, key) for key in KEYS if is_ref(getattr(job, key))}
-
-
-def _one_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    line = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-    return line if len(line) <= 300 else line[:297] + "..."
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -144,7 +138,7 @@ def function(key: str, ref: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # ImportError, SyntaxError, or anything the module raises at import
-        raise UserCodeError(f"{key} = {ref!r}: cannot import module {module_name!r}: {_one_line(e)}") from None
+        raise UserCodeError(f"{key} = {ref!r}: cannot import module {module_name!r}: {one_line(e)}") from None
     fn = getattr(module, attr, None)
     if fn is None:
         raise UserCodeError(f"{key} = {ref!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) has no "
@@ -169,7 +163,7 @@ def call(key: str, ref: str, *args: Any, **kwargs: Any) -> Any:
     except UserCodeError:
         raise
     except Exception as e:
-        raise UserCodeError(f"{key} = {ref!r} raised {_one_line(e)}") from None
+        raise UserCodeError(f"{key} = {ref!r} raised {one_line(e)}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -304,7 +298,7 @@ def build_model(tf: Any, job: Any, input_shape: tuple[int, ...], num_classes: in
             inputs = tf.keras.Input(shape=tuple(input_shape), name="features")
             outputs = tf.nest.flatten(model(inputs))
     except Exception as e:
-        raise UserCodeError(f"model = {ref!r} cannot take input of shape {tuple(input_shape)}: {_one_line(e)}") \
+        raise UserCodeError(f"model = {ref!r} cannot take input of shape {tuple(input_shape)}: {one_line(e)}") \
             from None
     if len(outputs) != 1:
         raise UserCodeError(f"model = {ref!r} has {len(outputs)} outputs: twinbench trains single-output models")
