@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import backends
 from common.core.errors import fail
+from common.core.text import text_table
 from common.workload.job import MODES, JobError, load_job
 
 PROG = "common.check"
@@ -183,9 +184,7 @@ def format_table(rows: Sequence[Row]) -> str:
     header = ("pair", "steps", "max rel loss diff", "final weights", "validation", "verdict")
     body = [(r.pair, str(r.steps), "n/a" if r.max_rel is None else f"{r.max_rel:.1e}", yes(r.weights),
              yes(r.validation), "ok" if r.ok else "DIFFERS") for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(header, *body)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in (header, *body)]
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+    return "\n".join(text_table([header, *body], rule=True))
 
 
 def verdict(rows: Sequence[Row]) -> tuple[int, str]:

@@ -28,6 +28,7 @@ from typing import NoReturn
 
 from common import cli
 from common.core.errors import fail as _fail
+from common.core.text import text_table
 from common.diagnostics import scaling
 from common.report.base import ReportError
 from common.report.load import load_allreduce, load_breakdowns, load_runs
@@ -188,8 +189,7 @@ def table(p: Plan, sizes: list[int]) -> list[str]:
         ips = f"{n * p.batch / r['step_time']:.1f}" if p.batch else "-"
         rows.append((str(n), str(r["nodes"]), f"{r['step_time'] * 1e3:.2f}", f"{r['comm_time'] * 1e3:.2f}", ips,
                      f"{r['efficiency'] * 100:.1f}%"))
-    widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
-    lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in [head, *rows]]
+    lines += text_table([head, *rows], right=True, indent="  ")
     if not p.batch:
         lines.append("  (images/s: give --batch, the per-GPU batch)")
     return lines

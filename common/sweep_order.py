@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from common.core.text import text_table
+
 DEFAULT_MAX_REPEATS = 12  # submit --max-repeats: the cap of `extend`
 EXIT_NOT_CONVERGED = 4  # status --until: every run finished, a cell is not yet within the width
 SRUN_MPI = ("pmix", "pmi2", "pmix_v4", "none")  # srun --mpi types of the Horovod launch (jobs/slurm/env.sh)
@@ -85,9 +87,7 @@ def print_table(rows: list[dict[str, Any]], root: Path) -> None:
                  f"{r['detail']}; log {os.path.relpath(r['log'], root)}" if r["state"] == "failed" else r["detail"])
         name = r["backend"] if r["variant"] == r["backend"] else f"{r['variant']} ({r['backend']})"
         lines.append((name, str(r["size"]), str(r["job_id"]), r["state"], r["slurm_state"] or "-", where))
-    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head) - 1)]
-    for row in [head, *lines]:
-        print("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    print("\n".join(text_table([head, *lines])))
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1

@@ -106,3 +106,12 @@ def test_check_imports_no_tensorflow():
     code = "import sys, common.check\nprint('tensorflow' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-500:]
+
+
+def test_text_table_aligns_columns_and_strips_trailing_spaces():
+    from common.core.text import text_table
+
+    rows = [("pair", "steps", "ok"), ("native vs horovod", "6", "agree")]
+    assert text_table(rows, rule=True) == ["pair               steps  ok", "-----------------  -----  -----",
+                                           "native vs horovod  6      agree"]
+    assert text_table(rows, right=True, indent="  ")[1] == "  native vs horovod      6  agree"

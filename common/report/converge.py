@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from common.core.text import text_table
 from common.report.stats import MIN_CI_RUNS, Interval
 from common.report.summary import JobSummary, Row
 
@@ -113,6 +114,4 @@ def format_checks(checks: Sequence[CellCheck], width: float) -> list[str]:
     rows = [(c.cell, str(c.repeats), f"{c.median:.1f}", c.interval.text() if c.interval else "no interval",
              f"{100 * c.width:.1f}%" if c.width is not None else "-",
              "converged" if c.converged else f"not yet ({c.why()})") for c in checks]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows]]
-    return [*lines, verdict(checks, width)]
+    return [*text_table([head, *rows]), verdict(checks, width)]
