@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import backends
 from common.core.errors import fail
+from common.core.results import EVALUATION_META
 from common.core.text import text_table
 from common.workload.job import MODES, JobError, load_job
 
@@ -47,7 +48,6 @@ RTOL = 1e-5  # the parity tests' tolerance (float32 reductions in another order)
 DEFAULT_STEPS = 20
 RUN_TIMEOUT = 900.0  # seconds for one run
 TAIL_LINES = 25  # lines of a failed run's stderr shown
-EVAL_KEYS_NOT_COMPARED = ("epoch", "step", "seconds", "wall_time")  # times differ; step is compared on its own
 
 
 class RunKey(NamedTuple):
@@ -128,7 +128,7 @@ def compare_evaluations(a: Any, b: Any, rtol: float = RTOL) -> tuple[bool | None
         if ea.get("step") != eb.get("step"):
             return False, f"evaluated after step {ea.get('step')} vs {eb.get('step')}"
         for k in sorted(set(ea) | set(eb)):
-            if k in EVAL_KEYS_NOT_COMPARED:
+            if k in EVALUATION_META:  # times differ; the step is compared on its own
                 continue
             va, vb = ea.get(k), eb.get(k)
             if not isinstance(va, int | float) or not isinstance(vb, int | float) or not rel_diff(va, vb) <= rtol:

@@ -39,6 +39,10 @@ def _always_written(default: Any) -> Any:
     return field(default=default, metadata={"required": True})
 
 
+# An evaluation's keys that say when and how long, not what it measured (the rest: loss and the job's metrics).
+EVALUATION_META = ("epoch", "step", "seconds", "wall_time")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunRecord:
     """One training run's results JSON (schema ``SCHEMA``), written by the chief, read by the report.
@@ -97,7 +101,7 @@ class RunRecord:
     trainable_weights_fingerprint: list[list[float]] | None = None
     # validation (common.training.evaluate): per evaluation epoch, step, loss, each job metric, seconds (its own
     # duration, excluded from the clock marks and throughput) and wall_time (s since the first step, evaluations in)
-    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)  # keys: EVALUATION_META, "loss", the metrics
     time_to_target_s: float | None = None  # wall_time of the first evaluation reaching the job's target; None: not
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from common.core.results import EVALUATION_META
 from common.report.stats import median, num
 
 # What the section says about its numbers (rendered once, under the table).
@@ -44,7 +45,7 @@ def row_fields(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ev = evaluations(r)
         if ev:
             for k, v in ev[-1].items():
-                if k not in ("epoch", "step", "seconds", "wall_time") and num(v) is not None:
+                if k not in EVALUATION_META and num(v) is not None:
                     finals.setdefault(k, []).append(float(v))
     return {"ttt": median(times), "ttt_reached": len(times), "targeted": len(targeted),
             "final_validation": {k: median(v) for k, v in finals.items()}}
@@ -56,5 +57,5 @@ def validation_names(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in runs:
         ev = evaluations(r)
         if ev:
-            names.update(dict.fromkeys(k for k in ev[-1] if k not in ("epoch", "step", "seconds", "wall_time")))
+            names.update(dict.fromkeys(k for k in ev[-1] if k not in EVALUATION_META))
     return sorted(names, key=lambda k: (k != "loss", k))
