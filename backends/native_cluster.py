@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from common.cli import env_int
 from common.cluster import localcluster, netif, slurm_layout
-from common.core.errors import EXIT_PEER_LOST, UsageError
+from common.core.errors import EXIT_PEER_LOST, UsageError, exit_now
 from common.workload.job import Job
 
 
@@ -343,8 +343,7 @@ def serve(role: PSRole, local_rank: int, threads: int, wait_for: float, prog: st
     if status:
         print(f"[{prog}] {role.task_type} {role.task_index}: the chief {role.chief} never came up within "
               f"{wait_for:.0f} s; exiting", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(status)  # a TF server cannot be stopped; an interpreter exit could wait on its threads
+    exit_now(status)  # a TF server cannot be stopped; an interpreter exit could wait on its threads
 
 
 SERVER_LINGER_S = 20.0  # s the local launcher gives ps/worker servers to exit after the chief (they need about 2)

@@ -6,12 +6,11 @@ the ``--diagnose breakdown`` run) and turns its outcome into the exit statuses d
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import NoReturn
 
 from backends.base import Backend
-from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLost, Preempted, UsageError, fail
+from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLost, Preempted, UsageError, exit_now, fail
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
 
@@ -40,23 +39,13 @@ def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> NoRe
     except Preempted as e:
         if backend.is_chief:
             print(f"[twinbench] preempted: {e}", file=sys.stderr, flush=True)
-        backend.exit_barrier()  # os._exit is instant: without it a peer still in the last collective fails
-        sys.stdout.flush()
-        os._exit(EXIT_PREEMPTED)  # skip TF/Horovod teardown: the checkpoint is safe, exit promptly
+        backend.exit_barrier()  # exit_now is instant: without the barrier a peer still in the last collective fails
+        exit_now(EXIT_PREEMPTED)  # skip TF/Horovod teardown: the checkpoint is safe, exit promptly
     except PeerLost as e:
         print(f"[twinbench] error: lost {e.who}: it no longer answers; rank {backend.rank} stops ({e.detail})",
               file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(EXIT_PEER_LOST)
+        exit_now(EXIT_PEER_LOST)
     backend.exit_barrier()
     backend.shutdown()
     exit_now(0)
 
-
-def exit_now(code: int) -> NoReturn:
-    """End the process once its work is written and every rank is past its last collective (``exit_barrier``) and
-    the backend is shut down (Horovod's MPI finalized): the interpreter's teardown of TensorFlow would add about a
-    second per process here (its destructors and thread pools), time no run needs."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -131,16 +131,21 @@ def runner(tmp_path_factory: pytest.TempPathFactory):
     """Runs each distinct command once per session and returns its results record (runs are serial: 2 cores).
     The smoke job is the only job here, and a ``--set`` of one of its own values is dropped first (one run for
     one job). The records and directories are shared: a test must not modify them (copy first).
-    ``runner.results_dir(kind, *extra, workers=2)``: the results directory of that same run."""
+    ``runner.results_dir(kind, *extra, workers=2)``: the results directory of that same run.
+    Every run gets its own empty $TMPDIR; ``runner.tmp_leftovers()`` maps each run so far to what its processes
+    left there (they should leave nothing: TensorFlow's autograph files are removed at exit, common.core.errors)."""
     cache: dict[tuple[str, ...], tuple[dict[str, Any], Path]] = {}
+    leftovers: dict[tuple[str, ...], list[str]] = {}
 
     def once(kind: str, extra: tuple[str, ...], workers: int) -> tuple[dict[str, Any], Path]:
         extra = without_default_sets(extra)
         key = (kind, str(workers), *extra)
         if key not in cache:
             out = tmp_path_factory.mktemp(f"{kind}{workers}")
-            run(backend_cmd(kind, out, *extra, workers=workers))
+            tmp = tmp_path_factory.mktemp(f"{kind}{workers}-tmp")
+            run(backend_cmd(kind, out, *extra, workers=workers), env={**base_env(), "TMPDIR": str(tmp)})
             cache[key] = (only_result(out), out)
+            leftovers[key] = sorted(p.name for p in tmp.iterdir())
         return cache[key]
 
     def go(kind: str, *extra: str, workers: int = 2) -> dict[str, Any]:
@@ -150,6 +155,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory):
         return once(kind, extra, workers)[1]
 
     go.results_dir = results_dir  # type: ignore[attr-defined]
+    go.tmp_leftovers = lambda: dict(leftovers)  # type: ignore[attr-defined]
     return go
 
 

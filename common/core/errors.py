@@ -6,6 +6,7 @@ points, the runner, the training loop and the launchers agree without importing 
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import Any, NoReturn
@@ -52,3 +53,25 @@ def fail(prog: str, message: str) -> NoReturn:
     """The one way bad input ends a process: ``PROG: error: MESSAGE`` on stderr, status 2."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(EXIT_USAGE)
+
+
+AUTOGRAPH_PREFIX = "__autograph_generated_file"  # tensorflow/python/autograph/pyct/loader.py, load_source
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process at once, without the interpreter's teardown (TensorFlow's destructors and thread pools cost
+    about a second per process, and may block on a dead collective), once the caller has written its work and
+    passed its last collective. What the skipped atexit hooks would have cleaned is cleaned here: TensorFlow's
+    autograph writes every function it converts to a temporary file named ``__autograph_generated_file*.py`` and
+    imports it as a module of that name, deleting the file only in an atexit hook (autograph/pyct/loader.py); left
+    alone, every run would leave dozens of them in $TMPDIR."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) if name.startswith(AUTOGRAPH_PREFIX) else None
+        if path and os.path.basename(path).startswith(AUTOGRAPH_PREFIX):
+            try:
+                os.remove(path)
+            except OSError:
+                pass  # already gone (another cleaner of $TMPDIR): nothing to do
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED  # noqa: F401 - re-exported for callers
+from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, exit_now  # noqa: F401 - codes re-exported
 
 PEER_TIMEOUT = 20.0  # s without an answer before a peer is declared lost: well under 60 s, far above a TCP connect
 STALL_TIMEOUT = 900.0  # s without a finished step: longer than any sane step incl. first-step tracing/XLA compile
@@ -120,8 +120,7 @@ class Watchdog:
 
 def _hard_exit(code: int, message: str) -> None:
     print(f"[twinbench] error: {message}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(code)  # no interpreter teardown: TF/Horovod threads may be blocked in the dead collective
+    exit_now(code)  # no interpreter teardown: TF/Horovod threads may be blocked in the dead collective
 
 
 class Preemption:
