@@ -1,6 +1,6 @@
 """Scaling sweep on Slurm: submit every backend x world size with identical resources, then follow it.
 
-    python -m common.sweep submit --job jobs/X.toml --results DIR [--sizes 1,2,4,8]
+    python -m common.sweep submit --job jobs/X.toml --results DIR [--sizes 1,2,4,8] [--nodes 1,2]
                                   [--backends native,horovod | --variant LABEL=BACKEND[:ARGS] ...]
                                   [--gres-per-node N] [--cpus-per-task C] [--time T] [--partition P]
                                   [--account A] [--exclusive] [--serial] [--hvd-launch srun|horovodrun]
@@ -22,6 +22,10 @@ recorded). ``python -m common.report DIR`` reads the results of the whole sweep.
 in one submission: each variant runs at every size, with the same resources as every other run of that size, its
 flags after the shared ones, into ``DIR/<label>-n<size>/`` (e.g. ``--variant hvd-fusion32=horovod:--fusion-threshold-mb
 32 --variant hvd=horovod``). Each backend's own parser checks a variant's flags before anything is submitted.
+
+``--nodes 1,2`` runs every size at each listed node count that divides it (at most ``--gres-per-node`` ranks per
+node): size 2 as ``1x2`` and ``2x1``, cells ``<variant>-<nodes>x<ranks per node>`` kept apart by the report
+(common.sweep_layout).
 
 ``--repeats R`` submits R runs of every cell (backend or variant x size) into ``DIR/<cell>-r<round>/``, round
 robin in a seeded order that changes every round (common.sweep_order); the manifest records each job's cell and
@@ -52,9 +56,11 @@ from typing import Any, NoReturn
 
 import backends
 from common import cli
+from common import sweep_layout as sl
 from common import sweep_order as so
 from common import sweep_variants as sv
 from common.core import results as res
+from common.sweep_layout import SweepError
 from common.workload.job import JobError, load_job
 
 PROG = "common.sweep"
@@ -71,77 +77,15 @@ FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                  "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
 
 
-class SweepError(Exception):
-    """Bad input; the message is the one line the user sees."""
-
-
 def fail(message: str) -> NoReturn:
     cli.fail(PROG, message)
-
-
-# -- layout -------------------------------------------------------------------------------------------------
-def parse_sizes(text: str) -> list[int]:
-    sizes: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            n = int(part)
-        except ValueError:
-            raise SweepError(f"--sizes: {part!r} is not an integer (expected e.g. 1,2,4,8)") from None
-        if n < 1:
-            raise SweepError(f"--sizes: world size must be >= 1, got {n}")
-        if n in sizes:
-            raise SweepError(f"--sizes: {n} is listed twice")
-        sizes.append(n)
-    return sizes
-
-
-def parse_backends(text: str) -> list[str]:
-    out = [b.strip() for b in text.split(",") if b.strip()]
-    if not out:
-        raise SweepError(f"--backends: no backend given (expected {','.join(backends.names())})")
-    for b in out:
-        if b not in backends.REGISTRY:
-            raise SweepError(f"--backends: unknown backend {b!r} (choose from {', '.join(backends.names())})")
-    if len(set(out)) != len(out):
-        raise SweepError(f"--backends: a backend is listed twice in {text!r}")
-    return out
-
-
-def layout(size: int, gpus_per_node: int) -> dict[str, int]:
-    """Nodes, tasks per node and GPUs per node for ``size`` ranks, one task per GPU, nodes filled first."""
-    if gpus_per_node == 0:  # CPU cluster: everything on one node
-        return {"nodes": 1, "ntasks_per_node": size, "gpus_per_node": 0}
-    if size <= gpus_per_node:
-        return {"nodes": 1, "ntasks_per_node": size, "gpus_per_node": size}
-    if size % gpus_per_node:
-        raise SweepError(f"world size {size} does not fill whole nodes of {gpus_per_node} GPUs "
-                         f"(use a multiple of {gpus_per_node}, or change --gres-per-node)")
-    return {"nodes": size // gpus_per_node, "ntasks_per_node": gpus_per_node, "gpus_per_node": gpus_per_node}
-
-
-def resource_args(lay: dict[str, int], a: argparse.Namespace) -> list[str]:
-    """The sbatch options that define a run's resources: the same list for both backends of one size."""
-    out = [f"--nodes={lay['nodes']}", f"--ntasks-per-node={lay['ntasks_per_node']}"]
-    if lay["gpus_per_node"]:
-        out.append(f"--gres=gpu:{lay['gpus_per_node']}")
-    if a.cpus_per_task:
-        out.append(f"--cpus-per-task={a.cpus_per_task}")
-    if a.time:
-        out.append(f"--time={a.time}")
-    if a.partition:
-        out.append(f"--partition={a.partition}")
-    if a.account:
-        out.append(f"--account={a.account}")
-    if a.exclusive:
-        out.append("--exclusive")
-    return out + list(a.sbatch_args)
 
 
 # -- submit ---------------------------------------------------------------------------------------------------
 def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every run of the sweep (not yet submitted) and the manifest header; SweepError on bad input."""
-    sizes = parse_sizes(a.sizes)
+    sizes = sl.parse_sizes(a.sizes)
+    nodes = sl.parse_counts(a.nodes, "--nodes", "a node count") if a.nodes else None
     variants = _variants(a)
     chosen = list(dict.fromkeys(v.backend for v in variants))
     if a.gres_per_node < 0:
@@ -161,7 +105,7 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         raise SweepError(str(e)) from None
     except ValueError as e:  # DataError
         raise SweepError(f"{e} (or pass --skip-data-check if the data is only visible on compute nodes)") from None
-    lays = {size: layout(size, a.gres_per_node) for size in sizes}
+    lays = {size: sl.layouts(size, a.gres_per_node, nodes) for size in sizes}
     results = Path(a.results).resolve()
     if (results / MANIFEST).exists():
         raise SweepError(f"{results / MANIFEST} exists: {results} already holds a sweep; use a new --results dir")
@@ -170,22 +114,7 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     for b in chosen:
         if not (cli.REPO / SCRIPTS[b]).is_file():
             raise SweepError(f"{cli.REPO / SCRIPTS[b]} is missing")
-    cells = []
-    for size in sizes:
-        for v in variants:
-            name = f"{v.label}-n{size}"
-            cells.append({
-                "backend": v.backend,
-                "variant": v.label,
-                "args": list(v.args),  # after the backend's shared flags (header backend_args)
-                "size": size,
-                **lays[size],
-                "name": name,
-                "results_dir": name,  # relative to the manifest's directory
-                "log": f"logs/{name}-%j.out",
-                "job_id": None,
-                "resources": resource_args(lays[size], a),
-            })
+    cells = _cells(lays, variants, nodes is not None, a)
     try:
         runs = so.ordered_runs(cells, a.repeats, a.order_seed)
         cap = so.repeats_cap(a.repeats, a.max_repeats)
@@ -202,6 +131,7 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "job_name": job.name,
         "job_hash": job.job_hash,
         "sizes": sizes,
+        "nodes": nodes,  # --nodes: the node counts every size ran at (None: the fewest whole nodes)
         "backends": chosen,
         "variants": [v.to_dict() for v in variants],
         "gres_per_node": a.gres_per_node,
@@ -210,6 +140,7 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "repeats": a.repeats,
         "max_repeats": cap,  # the most rounds `extend` may bring the sweep to
         "order_seed": a.order_seed if a.order_seed is not None or a.repeats == 1 else 0,
+        "cells": [c["name"] for c in cells],  # size x layout x variant, the order `extend` interleaves again
         "order": [{"cell": r["cell"], "round": r["round"]} for r in runs],
         "launch_env": so.launch_env(a),
         "backend_args": {b: [*a.backend_args, *vars(a)[f"{b}_args"]] for b in backends.names()},
@@ -217,10 +148,35 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return runs, header
 
 
+def _cells(lays: dict[int, list[dict[str, int]]], variants: list[sv.Variant], by_layout: bool,
+           a: argparse.Namespace) -> list[dict[str, Any]]:
+    """One planned run per size x layout x variant (one repeat), named ``<variant>-n<size>``, or
+    ``<variant>-<nodes>x<ranks per node>`` when ``--nodes`` gives a size several layouts."""
+    cells = []
+    for size, size_lays in lays.items():
+        for lay in size_lays:
+            for v in variants:
+                name = f"{v.label}-{sl.layout_name(lay)}" if by_layout else f"{v.label}-n{size}"
+                cells.append({
+                    "backend": v.backend,
+                    "variant": v.label,
+                    "args": list(v.args),  # after the backend's shared flags (header backend_args)
+                    "size": size,
+                    **lay,
+                    "layout": sl.layout_name(lay),
+                    "name": name,
+                    "results_dir": name,  # relative to the manifest's directory
+                    "log": f"logs/{name}-%j.out",
+                    "job_id": None,
+                    "resources": sl.resource_args(lay, a),
+                })
+    return cells
+
+
 def _variants(a: argparse.Namespace) -> list[sv.Variant]:
     """--variant's variants, their flags checked by their backend's parser; without it one per --backends entry."""
     if not a.variants:
-        return sv.default_variants(parse_backends(a.backends or ",".join(backends.names())))
+        return sv.default_variants(sl.parse_backends(a.backends or ",".join(backends.names())))
     if a.backends is not None:
         raise SweepError("--backends and --variant both choose what runs: give one of them")
     try:
@@ -264,8 +220,9 @@ def submit(a: argparse.Namespace) -> int:
             print(f"[{PROG}] order seed {header['order_seed']}: " + " ".join(f"{o['cell']}#{o['round']}"
                                                                             for o in header["order"]))
         rounds = "-r<round>" if runs and runs[0]["name"] != runs[0]["cell"] else ""
+        where = "<nodes>x<ranks per node>" if header["nodes"] else "n<size>"
         print(f"[{PROG}] dry run: {len(runs)} job(s) not submitted; results would land in "
-              f"{results}/<variant>-n<size>{rounds}/, the manifest in {results / MANIFEST}", flush=True)
+              f"{results}/<variant>-{where}{rounds}/, the manifest in {results / MANIFEST}", flush=True)
         return 0
     if shutil.which("sbatch") is None:
         fail("sbatch not found: run this on a Slurm login node (or pass --dry-run to see the commands)")
@@ -381,6 +338,7 @@ def classify(run: dict[str, Any], root: Path, slurm: dict[str, str] | None) -> d
     elif state == "failed":
         detail = "no results JSON" + (f", exit {slurm['exit_code']}" if (slurm or {}).get("exit_code") else "")
     return {"backend": run["backend"], "variant": run.get("variant", run["backend"]), "size": run["size"],
+            "layout": run.get("layout") or f"{run.get('nodes', 1)}x{run.get('ntasks_per_node', run['size'])}",
             "job_id": run["job_id"], "state": state,
             "slurm_state": sstate or None, "detail": detail, "results": files, "log": str(root / run["log"])}
 
@@ -459,6 +417,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--results", required=True, help="sweep directory: results, logs and the manifest")
     s.add_argument("--gres-per-node", type=int, default=4,
                    help="GPUs per node (default 4): a size above it takes size/N whole nodes; 0 = no GPUs")
+    s.add_argument("--nodes", default=None, metavar="LIST",
+                   help="node counts to run every size at, e.g. 1,2: size 2 as 1x2 and as 2x1 (each count that divides "
+                        "the size with at most --gres-per-node ranks per node; default: the fewest whole nodes)")
     s.add_argument("--cpus-per-task", type=int, default=None, help="sbatch --cpus-per-task (default: the script's)")
     s.add_argument("--time", default=None, help="sbatch --time (default: the script's)")
     s.add_argument("--partition", default=None, help="sbatch --partition")

@@ -80,13 +80,13 @@ def format_cell_counts(counts: dict[str, dict[str, int]]) -> list[str]:
 
 
 def print_table(rows: list[dict[str, Any]], root: Path) -> None:
-    head = ("backend", "size", "job", "state", "slurm", "result / detail")
+    head = ("backend", "size", "layout", "job", "state", "slurm", "result / detail")
     lines = []
     for r in rows:
         where = (os.path.relpath(r["results"][-1], root) if r["results"] else
                  f"{r['detail']}; log {os.path.relpath(r['log'], root)}" if r["state"] == "failed" else r["detail"])
         name = r["backend"] if r["variant"] == r["backend"] else f"{r['variant']} ({r['backend']})"
-        lines.append((name, str(r["size"]), str(r["job_id"]), r["state"], r["slurm_state"] or "-", where))
+        lines.append((name, str(r["size"]), r["layout"], str(r["job_id"]), r["state"], r["slurm_state"] or "-", where))
     print("\n".join(text_table([head, *lines])))
     counts: dict[str, int] = {}
     for r in rows:
@@ -96,7 +96,7 @@ def print_table(rows: list[dict[str, Any]], root: Path) -> None:
 
 def add_options(s: argparse.ArgumentParser) -> None:
     """``submit``'s repeat and launch options."""
-    s.add_argument("--repeats", type=int, default=1, help="runs per cell (backend x size), interleaved round robin")
+    s.add_argument("--repeats", type=int, default=1, help="runs per cell (backend x layout), interleaved round robin")
     s.add_argument("--max-repeats", type=int, default=None, metavar="N",
                    help=f"the most rounds `extend` may bring the sweep to (default {DEFAULT_MAX_REPEATS}, at least "
                         "--repeats; recorded)")
@@ -167,7 +167,8 @@ def more_rounds(manifest: dict[str, Any], rounds: int) -> list[dict[str, Any]]:
     if rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
     runs = manifest["runs"]
-    names = [f"{v['label']}-n{size}" for size in manifest["sizes"] for v in manifest["variants"]]
+    names = manifest.get("cells") or [f"{v['label']}-n{size}" for size in manifest["sizes"]
+                                      for v in manifest["variants"]]  # a manifest from before "cells"
     done = max((int(r.get("round", 1)) for r in runs), default=0)
     cap = int(manifest.get("max_repeats") or max(DEFAULT_MAX_REPEATS, done))
     if done + rounds > cap:
@@ -180,7 +181,7 @@ def more_rounds(manifest: dict[str, Any], rounds: int) -> list[dict[str, Any]]:
     for r in runs:
         first.setdefault(r.get("cell", r["results_dir"]), r)
     if set(first) != set(names):
-        raise ValueError(f"the manifest's cells ({', '.join(first)}) are not its sizes x variants ({', '.join(names)})")
+        raise ValueError(f"the manifest's runs ({', '.join(first)}) are not its cells ({', '.join(names)})")
     order = interleave(names, done + rounds, manifest.get("order_seed") or 0)[done * len(names):]
     out = []
     for i, (cell, rnd) in enumerate(order):

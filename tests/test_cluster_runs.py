@@ -79,22 +79,25 @@ def _mpirun(emu: Emulated, out: Path) -> None:
             PY, "-m", "backends.horovod", *RUN, "--results", str(out), "--iface", IFACE, timeout=JOB_TIMEOUT)
 
 
-SWEEP_SIZES = (1, 2, 4)  # 2 fake GPUs per node: sizes 1 and 2 fill one node, 4 spans both
+SWEEP_SIZES = (1, 2, 4)  # 2 fake GPUs per node, --nodes 1,2: 1x1; 1x2 and 2x1; 2x2 (1x4 does not fit a node)
+SWEEP_LAYOUTS = {"1x1": ["node1"], "1x2": ["node1", "node1"], "2x1": ["node1", "node2"], "2x2": HOSTS}
+SWEEP_SEED = 3  # one shuffled round: the manifest records an interleaved order, not size-major
 
 
 def _sweep(emu: Emulated) -> Path:
-    """``python -m common.sweep`` from the login node at sizes 1, 2, 4, both backends, one job at a time (Horovod by
-    horovodrun inside the sbatch script), TWINBENCH_IFACE exported; its directory once the sweep has ended."""
+    """``python -m common.sweep`` from the login node at sizes 1, 2, 4 on 1 and 2 nodes (layouts 1x1, 1x2, 2x1,
+    2x2), both backends, one seeded round, one job at a time (Horovod by horovodrun inside the sbatch script),
+    TWINBENCH_IFACE exported; its directory once the sweep has ended."""
     def make() -> Path:
         out = emu.dir / "sweep"
         env = base_env()
         env["TWINBENCH_IFACE"] = IFACE
         emu.run("login", PY, "-m", "common.sweep", "submit", "--job", SMOKE, "--sizes", ",".join(map(str, SWEEP_SIZES)),
-                "--backends", "native,horovod", "--results", str(out), "--gres-per-node", "2", "--cpus-per-task", "1",
-                "--time", "00:10:00", "--serial", "--hvd-launch", "horovodrun", "--backend-arg=--quiet", env=env,
-                timeout=120)
-        status = emu.run("login", PY, "-m", "common.sweep", "status", str(out), "--wait", str(JOB_TIMEOUT * 4),
-                         "--poll", "1", env=env, check=False, timeout=JOB_TIMEOUT * 4 + 60)
+                "--nodes", "1,2", "--backends", "native,horovod", "--results", str(out), "--gres-per-node", "2",
+                "--cpus-per-task", "1", "--time", "00:10:00", "--serial", "--order-seed", str(SWEEP_SEED),
+                "--hvd-launch", "horovodrun", "--backend-arg=--quiet", env=env, timeout=120)
+        status = emu.run("login", PY, "-m", "common.sweep", "status", str(out), "--wait", str(JOB_TIMEOUT * 5),
+                         "--poll", "1", env=env, check=False, timeout=JOB_TIMEOUT * 5 + 60)
         logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in (out / "logs").glob("*"))
         assert status.returncode == 0, status.stdout + status.stderr + logs
         return out
@@ -105,12 +108,12 @@ def _sweep_run(backend_name: str) -> Callable[[Emulated, Path], None]:
     """The sweep's 4-rank run of ``backend_name`` (the sbatch script with the 2-node preset), copied to ``out``."""
     def go(emu: Emulated, out: Path) -> None:
         sweep = _sweep(emu)
-        log = "\n".join(p.read_text(errors="replace") for p in (sweep / "logs").glob(f"{backend_name}-n4-*"))
+        log = "\n".join(p.read_text(errors="replace") for p in (sweep / "logs").glob(f"{backend_name}-2x2-*"))
         assert f"TWINBENCH_IFACE={IFACE}" in log and f"NCCL_SOCKET_IFNAME={IFACE}" in log, log[-3000:]
         if backend_name == "horovod":
             assert f"--network-interface {IFACE}" in log, log[-3000:]
         out.mkdir(parents=True)
-        src = only_result(sweep / f"{backend_name}-n4")
+        src = only_result(sweep / f"{backend_name}-2x2-r1")
         (out / "result.json").write_text(json.dumps(src))
     return go
 
@@ -122,7 +125,7 @@ LAUNCHERS: dict[str, tuple[Callable[[Emulated, Path], None], str | None]] = {
     "native TF_CONFIG": (_tf_config_native, IFACE),
     "horovod horovodrun --gloo": (_horovodrun, IFACE),
     "horovod mpirun": (_mpirun, IFACE),
-    # the sbatch scripts with the 2-node preset: the 4-rank runs of the sweep at sizes 1, 2, 4
+    # the sbatch scripts with the 2-node preset: the 4-rank (2x2) runs of the sweep
     "native.sbatch": (_sweep_run("native"), IFACE),
     "horovod.sbatch (horovodrun)": (_sweep_run("horovod"), IFACE),
 }
@@ -160,17 +163,33 @@ def test_placement_and_network_recorded(emu, result, name):
     assert net["addresses"] == [emu.addr(h) for h in HOSTS] and net["interfaces"] == [IFACE] * 4, net
 
 
-def test_sweep_at_1_2_4_spans_nodes_only_when_it_must(emu, result):
-    """The sweep's sizes 1 and 2 run on one node, size 4 on both (what --gres-per-node 2 asks), every run completes,
-    and at each size both backends compute the same per-step losses."""
+def test_sweep_runs_each_layout_and_the_report_keeps_1x2_and_2x1_apart(emu, result):
+    """--sizes 1,2,4 --nodes 1,2 on 2 nodes of 2 GPUs: every layout ran where asked (size 2 once on one node and
+    once across both), in a shuffled order the manifest records; both backends and both layouts of size 2 compute
+    the same per-step losses; the report has a 1x2 and a 2x1 row for each backend."""
+    from common.report.build import load_set
+    from common.report.summary import summarize
+    from common.sweep_order import interleave
+
     sweep = _sweep(emu)
-    for size in SWEEP_SIZES:
-        recs = {b: only_result(sweep / f"{b}-n{size}") for b in ("native", "horovod")}
-        for r in recs.values():
-            assert r["world_size"] == size and r["weights_consistent"], r["backend"]
-            assert r["hosts"] == (HOSTS if size == 4 else [r["hosts"][0]] * size), r["hosts"]
-            assert r["topology"]["cross_size"] == (2 if size == 4 else 1)
-        assert same_losses(recs) is None, same_losses(recs)
+    manifest = json.loads((sweep / "sweep-manifest.json").read_text())
+    cells = [f"{b}-{lay}" for lay in SWEEP_LAYOUTS for b in ("native", "horovod")]
+    assert manifest["cells"] == cells
+    assert [(o["cell"], o["round"] - 1) for o in manifest["order"]] == interleave(cells, 1, SWEEP_SEED) != [
+        (c, 0) for c in cells], "the submission order is the seeded shuffle, not size-major"
+    assert [r["cell"] for r in manifest["runs"]] == [o["cell"] for o in manifest["order"]]
+    recs = {}
+    for lay, hosts in SWEEP_LAYOUTS.items():
+        for b in ("native", "horovod"):
+            r = recs[b, lay] = only_result(sweep / f"{b}-{lay}-r1")  # -r1: a seeded round
+            assert r["world_size"] == len(hosts) and r["weights_consistent"], (b, lay)
+            assert r["hosts"] == hosts and r["topology"]["cross_size"] == len(set(hosts)), (b, lay, r["hosts"])
+        assert same_losses({b: recs[b, lay] for b in ("native", "horovod")}) is None, lay
+    size2 = {f"{b} {lay}": recs[b, lay] for b in ("native", "horovod") for lay in ("1x2", "2x1")}
+    assert same_losses(size2) is None, same_losses(size2)
+    [s] = summarize(load_set([sweep], warn=lambda _m: None))
+    rows = {(r.plain, r.world_size, r.layout) for r in s.rows}  # labels add "[2 nodes]"
+    assert rows == {(b, len(h), lay) for lay, h in SWEEP_LAYOUTS.items() for b in ("native", "horovod")}, rows
 
 
 def test_native_cluster_addresses(emu, result):
