@@ -6,6 +6,7 @@ export TF_USE_LEGACY_KERAS := 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # The fallback: TensorFlow 2.18.1 + tf-keras 2.18.0 + the unpatched Horovod sdist (requirements-tf2.18.txt).
+TEST_ENV := TWINBENCH_REQUIRE_CLUSTERS=1  # make test: the Slurm and emulated clusters must start (no silent skip)
 FALLBACK_VENV := .venv-tf2.18
 FALLBACK_PY := $(FALLBACK_VENV)/bin/python
 # What the fallback must keep proving, with the fewest TensorFlow runs (the parity tests share their runs): both
@@ -27,7 +28,10 @@ demo: setup  ## local CPU comparison of both backends at 1 and 2 workers on jobs
 test:  ## set-up (with Debian's Slurm and munge for tests/test_slurm.py), then the whole test suite
 	TWINBENCH_WITH_SLURM=1 TWINBENCH_VENV=.venv bash scripts/setup.sh
 	$(PY) -m ruff check .
-	$(PY) -m pytest -ra --durations=15 tests
+	# two workers: the files that start a Slurm or an emulated cluster on one, the others on the other (their
+	# session fixtures made once each: tests/conftest.py); then the tests that assert on wall-clock figures, alone
+	$(TEST_ENV) $(PY) -m pytest -ra --durations=15 -n 2 --dist loadgroup -m "not timing" tests
+	$(TEST_ENV) $(PY) -m pytest -ra --durations=10 -m timing tests
 
 test-fallback:  ## the TF 2.18 fallback in .venv-tf2.18: set-up, then the parity and Horovod smoke tests
 	TWINBENCH_TF=2.18 TWINBENCH_VENV=$(FALLBACK_VENV) bash scripts/setup.sh

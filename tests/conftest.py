@@ -21,6 +21,24 @@ PY = sys.executable
 BIN = Path(PY).parent
 SMOKE = str(REPO / "jobs" / "smoke.toml")
 RUN_TIMEOUT = 300  # seconds for one multi-process run; a hang fails the test instead of eating CI's budget
+# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): the files that start a Slurm or an
+# emulated cluster on one, all others on the other, so each session fixture (the Slurm cluster, the runner's shared
+# runs) lives in one worker and is made once; tests marked `timing` (wall-clock figures) run afterwards, alone.
+CLUSTER_FILES = {"test_cluster.py", "test_cluster_runs.py", "test_slurm.py", "test_reframe.py"}
+REQUIRE_CLUSTERS = "TWINBENCH_REQUIRE_CLUSTERS"  # "1" (make test): a cluster that cannot start fails, never skips
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("cluster" if item.path.name in CLUSTER_FILES else "local"))
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip (a machine without Slurm, root or namespaces), or fail where the clusters are required."""
+    if os.environ.get(REQUIRE_CLUSTERS) == "1":
+        pytest.fail(f"{reason} ({REQUIRE_CLUSTERS}=1: required here)")
+    pytest.skip(reason)
 
 
 def base_env() -> dict[str, str]:
@@ -228,9 +246,9 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     missing = [b for b in ("slurmctld", "slurmd", "srun", "sbatch", "munged") if shutil.which(b) is None]
     if missing:
-        pytest.skip(f"Slurm is not installed (missing {', '.join(missing)}): TWINBENCH_WITH_SLURM=1 make setup")
+        skip_or_fail(f"Slurm is not installed (missing {', '.join(missing)}): TWINBENCH_WITH_SLURM=1 make setup")
     if os.geteuid() != 0:
-        pytest.skip("the test Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
+        skip_or_fail("the test Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
     directory = tmp_path_factory.mktemp("slurm")
     proc = subprocess.run(["bash", str(SLURM_DIR / "start_cluster.sh"), str(directory)], capture_output=True,
                           text=True, timeout=120, env={**base_env(), "TWINBENCH_SLURM_INSTALL": "0"})
@@ -238,7 +256,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         subprocess.run(["bash", str(SLURM_DIR / "stop_cluster.sh"), str(directory)], capture_output=True,
                        timeout=60)
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"could not start the test Slurm cluster: {last}")
+        skip_or_fail(f"could not start the test Slurm cluster: {last}")
     conf = str(directory / "etc" / "slurm.conf")
     assert f"export SLURM_CONF={conf}" in proc.stdout
     try:

@@ -66,6 +66,7 @@ def test_allreduce_bench_two_ranks(tmp_path, kind):
 
 
 @pytest.mark.distributed
+@pytest.mark.timing  # asserts on wall-clock figures: run alone (tests/conftest.py)
 def test_overhead_benchmark_runs_both_backends():
     """bench/overhead.py is a benchmark, not a timed test: this only checks that it runs and prints its figures
     (both plain loops and both twinbench runs finish, ratios are finite), so it does not rot unnoticed; with the

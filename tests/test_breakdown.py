@@ -152,6 +152,7 @@ def test_horovod_refuses_mode_fit(tmp_path):
 # -- real runs -------------------------------------------------------------------------------------------------
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.timing  # asserts on wall-clock figures: run alone (tests/conftest.py)
 def test_two_worker_breakdown_is_measured_and_computes_the_same_math(runner, tmp_path, kind):
     run(backend_cmd(kind, tmp_path, "--set", "mode=ctl", "--diagnose", "breakdown"))
     files = list(tmp_path.glob("breakdown-*.json"))

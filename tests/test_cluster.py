@@ -160,6 +160,7 @@ def _throughput(emu: Emulated, seconds: float = 1.0) -> float:
     return float(out)
 
 
+@pytest.mark.timing  # asserts on wall-clock figures: run alone (tests/conftest.py)
 def test_shape_limits_every_link(emu):
     try:
         free = _throughput(emu)

@@ -264,6 +264,7 @@ def _shaped_runs(emu: Emulated, kind: str, out: Path) -> str:
     return bench.stdout
 
 
+@pytest.mark.timing  # asserts on wall-clock figures: run alone (tests/conftest.py)
 def test_shaped_link_busbw_share_and_scaling_model(emu, tmp_path):
     """Every node's egress shaped to 200 Mbit/s: twinbench's own point-to-point probe sees that rate, each
     backend's allreduce bus bandwidth is reported as a share of it (1 rank per node: every byte crosses the link),
@@ -308,6 +309,7 @@ def _breakdown(emu: Emulated, out: Path) -> dict[str, Any]:
     return json.loads(next(out.glob("breakdown-*.json")).read_text())
 
 
+@pytest.mark.timing  # asserts on wall-clock figures: run alone (tests/conftest.py)
 def test_breakdown_comm_share_grows_as_the_link_predicts(emu, tmp_path):
     """The step-time breakdown of native at 2 ranks across the nodes (3.3 MB allreduced per step), on the bare
     emulated link and with every node's egress shaped to 200 Mbit/s: the communication share grows, and on the
@@ -356,6 +358,7 @@ def _wait_for(logs: list[Path], text: str, timeout: float) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.timing  # asserts on wall-clock figures: run alone (tests/conftest.py)
 def test_cut_node_ends_both_backends_on_the_other_node(emu, tmp_path):
     """node2's link cut mid-run, both backends at once (2 x 2 ranks each): the ranks on node1 exit 3 within 60 s
     naming a lost rank on node2, with the default peer timeout; nothing is left running on either node."""

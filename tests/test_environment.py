@@ -50,7 +50,7 @@ def _installed_pins() -> dict[str, str]:
 
 def test_environment_yml_matches_requirements():
     req, (env, text) = _requirements(), _environment_yml()
-    for name in ("tensorflow", "tf-keras", "mpi4py", "pytest", "matplotlib"):
+    for name in ("tensorflow", "tf-keras", "mpi4py", "pytest", "pytest-xdist", "matplotlib"):
         assert name in env, f"environment.yml has no pin for {name}"
         assert env[name] == req[name], f"{name}: environment.yml {env[name]} vs requirements.txt {req[name]}"
     assert env["python"] == f"{sys.version_info[0]}.{sys.version_info[1]}"

@@ -84,6 +84,7 @@ def test_slow_input_is_highly_input_bound(tmp_path, kind):
     assert 0.8 * SLOW <= _per_step(rec) <= rec["step_time"]["mean"]
 
 
+@pytest.mark.timing  # asserts on wall-clock figures: run alone (tests/conftest.py)
 def test_a_compute_bound_step_kept_up(tmp_path):
     """The same pipeline feeding a step of tens of milliseconds (a wide MLP): fetching a batch is then well under
     5% of the time. (The smoke job's own sub-millisecond steps spend 10-20% fetching here: see docs/measurement.md.)"""
@@ -93,6 +94,7 @@ def test_a_compute_bound_step_kept_up(tmp_path):
     assert 0 <= rec["input"]["wait_fraction"] < 0.05
 
 
+@pytest.mark.timing  # asserts on wall-clock figures: run alone (tests/conftest.py)
 def test_fetch_excludes_and_gap_includes_time_between_steps(runner):
     """A host pause after every step: not in the custom loop's fetch time, all in fit's "input + between steps"."""
     # the session's runs (tests/test_backends.py::test_clock_counts_time_between_steps times the same ones)

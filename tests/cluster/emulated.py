@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, base_env
+from tests.conftest import REPO, base_env, skip_or_fail
 
 CLUSTER = REPO / "tests" / "cluster" / "cluster.sh"
 NODES = ["node1", "node2"]
@@ -119,7 +119,7 @@ def cluster(directory: Path, *extra: str) -> Iterator[Emulated]:
     """A fixture's body: skip without root or namespaces, fail when the cluster does not start, always stop it."""
     why = why_no_cluster()
     if why:
-        pytest.skip(why)
+        skip_or_fail(why)
     t0 = time.monotonic()
     proc = start(directory, *extra)
     if proc.returncode != 0:
