@@ -5,8 +5,9 @@ PY := .venv/bin/python
 export TF_USE_LEGACY_KERAS := 1
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# make test: the Slurm and emulated clusters must start (a cluster that cannot start fails the test, never skips it)
+TEST_ENV := TWINBENCH_REQUIRE_CLUSTERS=1
 # The fallback: TensorFlow 2.18.1 + tf-keras 2.18.0 + the unpatched Horovod sdist (requirements-tf2.18.txt).
-TEST_ENV := TWINBENCH_REQUIRE_CLUSTERS=1  # make test: the Slurm and emulated clusters must start (no silent skip)
 FALLBACK_VENV := .venv-tf2.18
 FALLBACK_PY := $(FALLBACK_VENV)/bin/python
 # What the fallback must keep proving, with the fewest TensorFlow runs (the parity tests share their runs): both
@@ -25,11 +26,11 @@ setup:  ## idempotent: Debian OpenMPI, .venv, TensorFlow, tf-keras, Horovod (whe
 demo: setup  ## local CPU comparison of both backends at 1 and 2 workers on jobs/smoke.toml, then the report
 	bash scripts/demo.sh
 
+# The suite on two workers: the files that start a Slurm or an emulated cluster on one, the others on the other
+# (their session fixtures made once each: tests/conftest.py); then the tests that assert on wall-clock figures, alone.
 test:  ## set-up (with Debian's Slurm and munge for tests/test_slurm.py), then the whole test suite
 	TWINBENCH_WITH_SLURM=1 TWINBENCH_VENV=.venv bash scripts/setup.sh
 	$(PY) -m ruff check .
-	# two workers: the files that start a Slurm or an emulated cluster on one, the others on the other (their
-	# session fixtures made once each: tests/conftest.py); then the tests that assert on wall-clock figures, alone
 	$(TEST_ENV) $(PY) -m pytest -ra --durations=15 -n 2 --dist loadgroup -m "not timing" tests
 	$(TEST_ENV) $(PY) -m pytest -ra --durations=10 -m timing tests
 

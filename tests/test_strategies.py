@@ -349,3 +349,50 @@ def test_parameter_server_preempted_chief_checkpoints_and_resumes(ps_run, tmp_pa
     whole, _, _ = ps_run(1, "ctl")
     assert 0 < rec["resumed_from_step"] < rec["steps"]
     assert rec["step_losses"] == whole["step_losses"] and rec["weights_digest"] == whole["weights_digest"]
+
+
+def test_free_ports_are_drawn_below_the_ephemeral_range(tmp_path, monkeypatch):
+    """The native launcher's ports come from below the kernel's ephemeral range, where no outgoing connection of
+    another process can take them between the probe and the workers' bind; a port in use is never handed out."""
+    import socket
+
+    first = int(localcluster.EPHEMERAL_RANGE.read_text().split()[0])
+    band = localcluster.port_band()
+    assert band == ((localcluster.BAND_START, first) if first - localcluster.BAND_START >= 1000 else None)
+    if band:
+        ports = localcluster.free_ports(8)
+        assert len(set(ports)) == 8 and all(band[0] <= p < band[1] for p in ports), ports
+    # a band of two ports, one of them held: the other one every time
+    low = next(p for p in range(localcluster.BAND_START, localcluster.BAND_START + 500, 2) if _bindable(p))
+    fake = tmp_path / "ip_local_port_range"
+    fake.write_text(f"{low + 2}\t60999\n")
+    monkeypatch.setattr(localcluster, "EPHEMERAL_RANGE", fake)
+    monkeypatch.setattr(localcluster, "BAND_START", low)
+    monkeypatch.setattr(localcluster, "MIN_BAND", 2)
+    assert localcluster.port_band() == (low, low + 2)
+    held = socket.socket()
+    held.bind((localcluster.LOOPBACK, low))
+    try:
+        assert {localcluster.free_ports(1)[0] for _ in range(20)} == {low + 1}
+    finally:
+        held.close()
+    monkeypatch.setattr(localcluster, "MIN_BAND", 3)  # too small a band: the kernel chooses (port 0)
+    assert localcluster.port_band() is None and min(localcluster.free_ports(2)) >= first
+
+
+def _bindable(port: int) -> bool:
+    """Both ``port`` and ``port + 1`` can be bound on loopback right now."""
+    import socket
+
+    socks = []
+    try:
+        for p in (port, port + 1):
+            s = socket.socket()
+            socks.append(s)
+            s.bind((localcluster.LOOPBACK, p))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()

@@ -53,3 +53,28 @@ def test_checker_finds_a_lower_layer_importing_a_higher_one():
     assert found[1].startswith("common.workload.job (workload) imports common.training.loops (training)")
     assert [cs.layer_of(m) for m in ("backends", "backends.base", "common.core.results", "common.workload",
                                      "common.report.cli", "common.cli", "backends.horovod")] == [0, 0, 0, 1, 5, 6, 6]
+
+
+def _uses_slurm_fixture(fn: ast.FunctionDef) -> bool:
+    """A test taking the session fixture ``cluster`` (not a parametrize argument of that name)."""
+    params = {a.arg for a in fn.args.args}
+    names = " ".join(str(d.args[0].value) for d in fn.decorator_list if isinstance(d, ast.Call) and d.args
+                     and isinstance(d.args[0], ast.Constant) and ast.unparse(d.func).endswith("parametrize"))
+    return "cluster" in params and "cluster" not in names.replace(",", " ").split()
+
+
+def test_files_that_start_a_cluster_share_the_cluster_worker():
+    """`make test` gives the files that start the Slurm or the emulated cluster one xdist worker (tests/conftest.py):
+    a new such file outside CLUSTER_FILES would start its own copy of the Slurm cluster beside the other worker's."""
+    from tests.conftest import CLUSTER_FILES
+
+    starts = set()
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        emulated = any(isinstance(n, ast.ImportFrom) and n.module == "tests.cluster.emulated" for n in tree.body)
+        slurm = any(isinstance(n, ast.FunctionDef) and n.name.startswith("test_") and _uses_slurm_fixture(n)
+                    for n in tree.body)
+        if emulated or slurm:
+            starts.add(path.name)
+    assert {"test_slurm.py", "test_cluster_runs.py", "test_cluster.py", "test_reframe.py"} <= starts  # it sees them
+    assert starts <= CLUSTER_FILES, sorted(starts - CLUSTER_FILES)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from common.cluster import netif
@@ -21,14 +23,43 @@ from common.core.errors import EXIT_PREEMPTED
 LOOPBACK = "127.0.0.1"
 
 
-def free_ports(n: int, host: str = LOOPBACK) -> list[int]:
-    """``n`` distinct ports free on ``host`` right now (all held open together, so none is handed out twice)."""
-    socks = []
+BAND_START = 20000  # above the sbatch scripts' port bases (12000-19999, jobs/slurm/env.sh)
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+MIN_BAND = 1000  # fewer ports below the ephemeral range than this: let the kernel choose (port 0)
+
+
+def port_band() -> tuple[int, int] | None:
+    """[BAND_START, the kernel's first ephemeral port): ports the kernel never picks by itself, neither for an
+    outgoing connection nor for a bind to port 0; None when that range is unknown or smaller than MIN_BAND."""
     try:
-        for _ in range(n):
+        first = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (BAND_START, first) if first - BAND_START >= MIN_BAND else None
+
+
+def free_ports(n: int, host: str = LOOPBACK) -> list[int]:
+    """``n`` distinct ports free on ``host`` right now (all held open together, so none is handed out twice).
+
+    Drawn at random from ``port_band`` where there is one: the workers bind them seconds later, and a port from
+    the kernel's ephemeral range could meanwhile become the local end of any process' outgoing connection (other
+    runs' gRPC and Gloo connect a lot); below that range only a program choosing the same number could take it.
+    Ports in use (or in TIME_WAIT: no SO_REUSEADDR here) fail the probe and another is drawn."""
+    band, rng = port_band(), random.SystemRandom()
+    socks: list[socket.socket] = []
+    try:
+        for attempt in range(100 * n):
+            if len(socks) == n:
+                break
             s = socket.socket()
-            s.bind((host, 0))
+            try:
+                s.bind((host, rng.randrange(*band) if band and attempt < 50 * n else 0))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
+        if len(socks) < n:
+            raise OSError(f"no {n} free ports on {host}")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:

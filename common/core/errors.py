@@ -64,7 +64,7 @@ def exit_now(code: int) -> NoReturn:
     passed its last collective. What the skipped atexit hooks would have cleaned is cleaned here: TensorFlow's
     autograph writes every function it converts to a temporary file named ``__autograph_generated_file*.py`` and
     imports it as a module of that name, deleting the file only in an atexit hook (autograph/pyct/loader.py); left
-    alone, every run would leave dozens of them in $TMPDIR."""
+    alone, every process would leave several of them in $TMPDIR (5 for the smoke job)."""
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None) if name.startswith(AUTOGRAPH_PREFIX) else None
         if path and os.path.basename(path).startswith(AUTOGRAPH_PREFIX):
