@@ -21,17 +21,21 @@ PY = sys.executable
 BIN = Path(PY).parent
 SMOKE = str(REPO / "jobs" / "smoke.toml")
 RUN_TIMEOUT = 300  # seconds for one multi-process run; a hang fails the test instead of eating CI's budget
-# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): the files that start a Slurm or an
-# emulated cluster on one, all others on the other, so each session fixture (the Slurm cluster, the runner's shared
-# runs) lives in one worker and is made once; tests marked `timing` (wall-clock figures) run afterwards, alone.
+# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup), each session fixture in one of them so
+# that it is made once: the "own" worker takes the files that start a Slurm or an emulated cluster (the Slurm
+# cluster fixture) and, to even out the two workers' time, files whose TensorFlow runs are their own; the "shared"
+# worker takes the rest, among them every file using the runner fixture's shared runs (tests/test_structure.py
+# checks both rules). Tests marked `timing` (wall-clock figures) run afterwards, alone.
 CLUSTER_FILES = {"test_cluster.py", "test_cluster_runs.py", "test_slurm.py", "test_reframe.py"}
+OWN_WORKER_FILES = CLUSTER_FILES | {"test_demo.py", "test_usercode_parity.py", "test_tfrecord.py", "test_cli.py",
+                                    "test_netif.py", "test_observe.py", "test_usercode.py"}
 REQUIRE_CLUSTERS = "TWINBENCH_REQUIRE_CLUSTERS"  # "1" (make test): a cluster that cannot start fails, never skips
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("cluster" if item.path.name in CLUSTER_FILES else "local"))
+        item.add_marker(pytest.mark.xdist_group("own" if item.path.name in OWN_WORKER_FILES else "shared"))
 
 
 def skip_or_fail(reason: str) -> None:

@@ -65,16 +65,20 @@ def _uses_slurm_fixture(fn: ast.FunctionDef) -> bool:
 
 def test_files_that_start_a_cluster_share_the_cluster_worker():
     """`make test` gives the files that start the Slurm or the emulated cluster one xdist worker (tests/conftest.py):
-    a new such file outside CLUSTER_FILES would start its own copy of the Slurm cluster beside the other worker's."""
-    from tests.conftest import CLUSTER_FILES
+    a new such file outside CLUSTER_FILES would start its own copy of the Slurm cluster beside the other worker's.
+    No file on that worker uses the runner fixture, whose shared runs the other worker makes."""
+    from tests.conftest import CLUSTER_FILES, OWN_WORKER_FILES
 
-    starts = set()
+    starts, shared = set(), set()
     for path in sorted((REPO / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text())
         emulated = any(isinstance(n, ast.ImportFrom) and n.module == "tests.cluster.emulated" for n in tree.body)
-        slurm = any(isinstance(n, ast.FunctionDef) and n.name.startswith("test_") and _uses_slurm_fixture(n)
-                    for n in tree.body)
-        if emulated or slurm:
+        tests = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+        if emulated or any(_uses_slurm_fixture(n) for n in tests):
             starts.add(path.name)
+        if any("runner" in {a.arg for a in n.args.args} for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            shared.add(path.name)
     assert {"test_slurm.py", "test_cluster_runs.py", "test_cluster.py", "test_reframe.py"} <= starts  # it sees them
-    assert starts <= CLUSTER_FILES, sorted(starts - CLUSTER_FILES)
+    assert {"test_parity.py", "test_backends.py"} <= shared  # it sees them
+    assert starts <= CLUSTER_FILES <= OWN_WORKER_FILES, sorted(starts - CLUSTER_FILES)
+    assert not shared & OWN_WORKER_FILES, sorted(shared & OWN_WORKER_FILES)
