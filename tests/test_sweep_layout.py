@@ -8,7 +8,8 @@ import json
 import pytest
 
 from common import sweep, sweep_layout, sweep_order
-from tests.conftest import SMOKE, base_env
+from tests.conftest import SMOKE
+from tests.test_sweep_order import fake_sbatch
 
 
 def names(lays: list[dict[str, int]]) -> list[str]:
@@ -65,13 +66,7 @@ def test_bad_nodes_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_status_and_extend_carry_the_layout(tmp_path, capsys, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(f"""#!/usr/bin/env bash
-n=$(cat {tmp_path}/count 2>/dev/null || echo 100); n=$((n + 1)); echo $n > {tmp_path}/count; echo "$n;cluster"
-""")
-    (bin_dir / "sbatch").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{base_env()['PATH']}")
+    fake_sbatch(tmp_path, monkeypatch)
     root = tmp_path / "sw"
     assert sweep.main(["submit", "--job", SMOKE, "--sizes", "2", "--nodes", "1,2", "--gres-per-node", "2",
                        "--results", str(root), "--repeats", "2", "--backends", "native"]) == 0

@@ -122,7 +122,8 @@ def test_status_until_checks_convergence_of_the_finished_runs(tmp_path, capsys):
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "--until" in err
 
 
-def test_extend_submits_more_rounds_continuing_the_order_up_to_the_cap(tmp_path, capsys, monkeypatch):
+def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``sbatch`` first on PATH that accepts every job and answers job ids 101, 102, ... (``--parsable``)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(f"""#!/usr/bin/env bash
@@ -130,6 +131,10 @@ n=$(cat {tmp_path}/count 2>/dev/null || echo 100); n=$((n + 1)); echo $n > {tmp_
 """)
     (bin_dir / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{base_env()['PATH']}")
+
+
+def test_extend_submits_more_rounds_continuing_the_order_up_to_the_cap(tmp_path, capsys, monkeypatch):
+    fake_sbatch(tmp_path, monkeypatch)
     root = tmp_path / "sw"
     assert sweep.main(["submit", "--job", SMOKE, "--sizes", "1,2", "--results", str(root), "--repeats", "2",
                        "--order-seed", "5", "--max-repeats", "4", "--serial"]) == 0
