@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import sys
 
-import backends
+from common.core import registry
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["names"] and len(argv) == 1:
-        print("\n".join(backends.names()))
+        print("\n".join(registry.names()))
         return 0
     if argv[:1] == ["command"] and len(argv) >= 3 and argv[2].isdigit() and int(argv[2]) >= 1:
         try:
-            module = backends.load(argv[1])
+            module = registry.load(argv[1])
         except ValueError as e:
             print(f"backends: error: {e}", file=sys.stderr)
             return 2

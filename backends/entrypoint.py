@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from backends.base import Backend
 from common import cli, runner
+from common.core.contract import Backend
 from common.core.errors import UsageError, fail
 
 

@@ -19,7 +19,9 @@ from typing import Any  # noqa: E402
 
 from backends import entrypoint  # noqa: E402
 from backends import horovod_knobs as knobs_mod  # noqa: E402
-from backends.base import (  # noqa: E402
+from common import cli  # noqa: E402
+from common.cluster.placement import configure_threads, pin_one_gpu  # noqa: E402
+from common.core.contract import (  # noqa: E402
     Backend,
     BaseOptions,
     Capabilities,
@@ -29,8 +31,6 @@ from backends.base import (  # noqa: E402
     StepPhases,
     Warmup,
 )
-from common import cli  # noqa: E402
-from common.cluster.placement import configure_threads, pin_one_gpu  # noqa: E402
 from common.core.errors import UsageError  # noqa: E402
 
 PROG = "backends.horovod"

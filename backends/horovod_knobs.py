@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
-from backends.base import Knob
+from common.core.contract import Knob
 
 MIB = 1024 * 1024
 FUSION = "HOROVOD_FUSION_THRESHOLD"

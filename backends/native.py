@@ -23,7 +23,10 @@ from dataclasses import dataclass, replace  # noqa: E402
 from typing import Any  # noqa: E402
 
 from backends import entrypoint, native_cluster  # noqa: E402
-from backends.base import (  # noqa: E402
+from backends.native_input import per_worker_dataset, worker_slots  # noqa: E402
+from common import cli  # noqa: E402
+from common.cluster.placement import Pinning, configure_threads, pin_one_gpu  # noqa: E402
+from common.core.contract import (  # noqa: E402
     Backend,
     BaseOptions,
     Capabilities,
@@ -35,9 +38,6 @@ from backends.base import (  # noqa: E402
     TrainLoop,
     size_text,
 )
-from backends.native_input import per_worker_dataset, worker_slots  # noqa: E402
-from common import cli  # noqa: E402
-from common.cluster.placement import Pinning, configure_threads, pin_one_gpu  # noqa: E402
 from common.core.errors import UsageError  # noqa: E402
 
 PROG = "backends.native"

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import backends
 from bench.overhead import REAL_WORK, bench_env
+from common.core import registry
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -51,7 +51,7 @@ def timed_run(kind: str, workers: int, steps: int, sets: tuple[str, ...], mode: 
     with tempfile.TemporaryDirectory() as out:
         args = ["--job", "jobs/smoke.toml", *(x for s in sets for x in ("--set", s)), "--set", f"mode={mode}",
                 "--set", f"steps={steps}", "--results", out]
-        cmd = backends.load(kind).local_command(workers, args, python=PY)
+        cmd = registry.load(kind).local_command(workers, args, python=PY)
         proc = subprocess.Popen(cmd, cwd=REPO, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 text=True, bufsize=1)
         seen: dict[str, float] = {}
@@ -105,7 +105,7 @@ def main() -> int:
         print(f"{name}: jobs/smoke.toml {' '.join(pre.sets)}, {a.mode}, steps {pre.steps[0]} and {pre.steps[1]}",
               flush=True)
         for workers in (int(w) for w in a.workers.split(",")):
-            for kind in backends.names():
+            for kind in registry.names():
                 worst = max(worst, abs(check(kind, workers, pre, a.repeats, a.mode) - 1))
     print(f"largest |reported/outside - 1| = {100 * worst:.1f}% (target {100 * TARGET:.0f}%)", flush=True)
     return 0

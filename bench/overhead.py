@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import backends
 from common.cluster.localcluster import start_tf_config_workers
 from common.cluster.placement import CPU_BIND
+from common.core import registry
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -103,7 +103,7 @@ def twinbench(kind: str, n: int, s: Setup) -> float:
     with tempfile.TemporaryDirectory() as out:
         args = [*_job_args(s.sets), "--set", f"mode={s.mode}", "--set", f"steps={s.steps}",
                 "--set", f"timing_warmup_steps={s.warm}", "--results", out, "--quiet", "--cpu-bind", s.cpu_bind]
-        _run(backends.load(kind).local_command(n, args, python=PY), s)
+        _run(registry.load(kind).local_command(n, args, python=PY), s)
         files = [f for f in Path(out).glob("*.json") if not f.name.startswith(".")]
         if len(files) != 1:
             raise RuntimeError(f"twinbench {kind} x{n}: expected one results JSON, found {files}")
@@ -165,10 +165,10 @@ Figures = dict[tuple[int, str], list[dict[str, float]]]  # (workers, backend) ->
 
 def measure(name: str, s: Setup, workers: Sequence[int], repeats: int) -> Figures:
     """Every repeat: for each worker count and backend, the three sides in that repeat's rotated order."""
-    figures: Figures = {(n, kind): [] for n in workers for kind in backends.names()}
+    figures: Figures = {(n, kind): [] for n in workers for kind in registry.names()}
     for i in range(repeats):
         for n in workers:
-            for kind in backends.names():
+            for kind in registry.names():
                 got: dict[str, float] = {}
                 for side in rotation(SIDES, i):
                     got[side] = run_side(side, kind, n, s)
@@ -184,7 +184,7 @@ def measure(name: str, s: Setup, workers: Sequence[int], repeats: int) -> Figure
 def summarize(name: str, figures: Figures) -> None:
     for n in sorted({n for n, _ in figures}):
         med: dict[str, dict[str, float]] = {}
-        for kind in backends.names():
+        for kind in registry.names():
             reps = figures[(n, kind)]
             ips = ", ".join(f"{side} {statistics.median(g[side] for g in reps):.1f}" for side in SIDES)
             print(f"{name} {n}w {kind}: median img/s {ips}", flush=True)
@@ -193,7 +193,7 @@ def summarize(name: str, figures: Figures) -> None:
                 med[kind][side] = m
                 print(f"{name} {n}w {kind}: median ratio twinbench/{side} = {m:.3f} ({lo:.3f}-{hi:.3f}) over "
                       f"{len(reps)} repeats, tax {100 * (1 - m):+.1f}% ({targets(name, side)})", flush=True)
-        a, b = backends.RATIO
+        a, b = registry.RATIO
         for side in PLAIN_FEEDS:
             diff = (1 - med[b][side]) - (1 - med[a][side])
             print(f"{name} {n}w vs {side}: tax difference {b} - {a} = {100 * diff:+.1f} points (target within "

@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import backends
 from common.cluster.placement import CPU_BIND
+from common.core import registry
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -110,7 +110,7 @@ def _mwms_loop(tf: Any, strategy: Any, job: Any, batches: Callable[[], Any], gb:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kind", choices=backends.names())
+    p.add_argument("kind", choices=registry.names())
     p.add_argument("steps", type=int)
     p.add_argument("warmup", type=int)
     p.add_argument("--feed", choices=FEEDS, default="tfdata",

@@ -2,7 +2,7 @@
 
 Runs the job for a few steps (``--steps``, default 20) on each backend at 1 and 2 local workers (CPU), in Keras
 ``fit`` and in the custom loop: 8 runs by default, one at a time, each through its backend's own local launcher
-(``backends.load(kind).local_command``). The 2-worker runs use the job's per-replica batch b, the 1-worker runs 2b
+(``registry.load(kind).local_command``). The 2-worker runs use the job's per-replica batch b, the 1-worker runs 2b
 (``--set per_replica_batch_size=2b``): the same global batch, so the same math. Then it compares, pair by pair:
 
 - each backend against the first one (registry order) at the same workers and mode;
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import backends
+from common.core import registry
 from common.core.errors import fail
 from common.core.results import EVALUATION_META
 from common.core.text import text_table
@@ -223,8 +223,8 @@ def parser() -> argparse.ArgumentParser:
                    help="override a job key in every run (repeatable)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"steps per run (default {DEFAULT_STEPS})")
     p.add_argument("--modes", default=",".join(MODES), help="fit,ctl (default both)")
-    p.add_argument("--backends", default=",".join(backends.names()),
-                   help=f"which backends (default all: {','.join(backends.names())})")
+    p.add_argument("--backends", default=",".join(registry.names()),
+                   help=f"which backends (default all: {','.join(registry.names())})")
     p.add_argument("--results", default=None, metavar="DIR",
                    help="keep the runs' results in DIR (default: a temporary directory, removed at the end)")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help=f"seconds per run (default {RUN_TIMEOUT:g})")
@@ -240,7 +240,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if not args.timeout > 0:
         fail(PROG, f"--timeout must be > 0 seconds, got {args.timeout}")
     modes = _csv(args.modes, MODES, "modes")
-    kinds = _csv(args.backends, backends.names(), "backends")
+    kinds = _csv(args.backends, registry.names(), "backends")
     sets = (*args.sets, f"steps={args.steps}")
     try:
         job = load_job(args.job, sets)
@@ -273,7 +273,7 @@ def run_one(plan: Plan, key: RunKey, out: Path, timeout: float) -> tuple[dict[st
     batch = plan.batch * 2 if key.workers == 1 else plan.batch
     sets = [a for s in (*plan.sets, f"mode={key.mode}", f"per_replica_batch_size={batch}") for a in ("--set", s)]
     args = ["--job", plan.job, "--results", str(out), "--quiet", *sets]
-    cmd = backends.load(key.backend).local_command(key.workers, args, python=sys.executable)
+    cmd = registry.load(key.backend).local_command(key.workers, args, python=sys.executable)
     before = set(out.glob("*.json")) if out.is_dir() else set()
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=timeout)

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from backends.base import BaseOptions
 from common.cluster import netif
 from common.cluster.placement import CPU_BIND
+from common.core.contract import BaseOptions
 from common.core.errors import UsageError, fail
 from common.training import reliability as rel
 from common.training.runconfig import PREEMPT_CHECK_STEPS, PROGRESS_SECONDS, BenchOptions, RunOptions

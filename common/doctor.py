@@ -8,8 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-import backends
-from common.core import buildinfo
+from common.core import buildinfo, registry
 
 ENV_PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "PMIX_", "PMI_", "HOROVOD_", "NCCL_", "TF_CONFIG", "CUDA_VISIBLE")
 
@@ -39,8 +38,8 @@ def check() -> dict[str, Any]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     out: dict[str, Any] = {"python": sys.version.split()[0], "missing": [], "backends": {}}
     tf_version = _tensorflow(out)
-    for name in backends.names():
-        diag = backends.load(name).doctor(tf_version)
+    for name in registry.names():
+        diag = registry.load(name).doctor(tf_version)
         out.update(diag.details)
         out[f"{name}_backend"] = diag.status
         out["backends"][name] = diag.ok

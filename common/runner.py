@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-from backends.base import Backend
+from common.core.contract import Backend
 from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLost, Preempted, UsageError, exit_now, fail
 from common.training.runconfig import RunOptions
 from common.workload.job import Job

@@ -54,11 +54,11 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-import backends
 from common import cli
 from common import sweep_layout as sl
 from common import sweep_order as so
 from common import sweep_variants as sv
+from common.core import registry
 from common.core import results as res
 from common.sweep_layout import SweepError
 from common.workload.job import JobError, load_job
@@ -66,7 +66,7 @@ from common.workload.job import JobError, load_job
 PROG = "common.sweep"
 MANIFEST = "sweep-manifest.json"
 MANIFEST_KIND = "sweep"
-SCRIPTS = {b: Path(backends.entry(b).slurm_script) for b in backends.names()}
+SCRIPTS = {b: Path(registry.entry(b).slurm_script) for b in registry.names()}
 EXIT_FAILED, EXIT_PENDING = 1, 3
 SLURM_TIMEOUT = 30  # seconds for one sbatch / squeue / sacct / scontrol call
 
@@ -143,7 +143,7 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "cells": [c["name"] for c in cells],  # size x layout x variant, the order `extend` interleaves again
         "order": [{"cell": r["cell"], "round": r["round"]} for r in runs],
         "launch_env": so.launch_env(a),
-        "backend_args": {b: [*a.backend_args, *vars(a)[f"{b}_args"]] for b in backends.names()},
+        "backend_args": {b: [*a.backend_args, *vars(a)[f"{b}_args"]] for b in registry.names()},
     }
     return runs, header
 
@@ -176,7 +176,7 @@ def _cells(lays: dict[int, list[dict[str, int]]], variants: list[sv.Variant], by
 def _variants(a: argparse.Namespace) -> list[sv.Variant]:
     """--variant's variants, their flags checked by their backend's parser; without it one per --backends entry."""
     if not a.variants:
-        return sv.default_variants(sl.parse_backends(a.backends or ",".join(backends.names())))
+        return sv.default_variants(sl.parse_backends(a.backends or ",".join(registry.names())))
     if a.backends is not None:
         raise SweepError("--backends and --variant both choose what runs: give one of them")
     try:
@@ -410,7 +410,7 @@ def parser() -> argparse.ArgumentParser:
                    help="job override passed to every run (repeatable)")
     s.add_argument("--sizes", default="1,2,4,8", help="world sizes (GPUs = tasks), comma separated (default 1,2,4,8)")
     s.add_argument("--backends", default=None,
-                   help=f"comma separated (default {','.join(backends.names())}, each with its default flags)")
+                   help=f"comma separated (default {','.join(registry.names())}, each with its default flags)")
     s.add_argument("--variant", dest="variants", action="append", default=[], metavar="LABEL=BACKEND[:ARGS]",
                    help="instead of --backends: a backend run with its own flags, at every size, into LABEL-nSIZE "
                         "(repeatable), e.g. --variant 'hvd-fusion32=horovod:--fusion-threshold-mb 32'")
@@ -434,7 +434,7 @@ def parser() -> argparse.ArgumentParser:
                    help="extra sbatch option for every run, e.g. --sbatch-arg=--qos=normal (repeatable)")
     s.add_argument("--backend-arg", dest="backend_args", action="append", default=[], metavar="ARG",
                    help="extra flag for every backend process, e.g. --backend-arg=--threads=4 (repeatable)")
-    for b in backends.names():  # --native-arg, --horovod-arg: one flag per registered backend
+    for b in registry.names():  # --native-arg, --horovod-arg: one flag per registered backend
         s.add_argument(f"--{b}-arg", dest=f"{b}_args", action="append", default=[], metavar="ARG",
                        help=f"extra flag for the {b} runs only (repeatable), e.g. --{b}-arg=--threads=2")
     s.add_argument("--skip-data-check", action="store_true", help="do not check the job's data files here")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-import backends
+from common.core import registry
 
 
 class SweepError(Exception):
@@ -43,10 +43,10 @@ def parse_sizes(text: str) -> list[int]:
 def parse_backends(text: str) -> list[str]:
     out = [b.strip() for b in text.split(",") if b.strip()]
     if not out:
-        raise SweepError(f"--backends: no backend given (expected {','.join(backends.names())})")
+        raise SweepError(f"--backends: no backend given (expected {','.join(registry.names())})")
     for b in out:
-        if b not in backends.REGISTRY:
-            raise SweepError(f"--backends: unknown backend {b!r} (choose from {', '.join(backends.names())})")
+        if b not in registry.REGISTRY:
+            raise SweepError(f"--backends: unknown backend {b!r} (choose from {', '.join(registry.names())})")
     if len(set(out)) != len(out):
         raise SweepError(f"--backends: a backend is listed twice in {text!r}")
     return out

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import backends
+from common.core import registry
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a directory and Slurm job name part: no spaces, no slashes
 RESERVED = ("logs",)  # the sweep directory's own entries
@@ -43,8 +43,8 @@ def parse_variant(text: str) -> Variant:
                          f"starting with one of the last three) and not {' or '.join(RESERVED)}")
     name, _, args = rest.partition(":")
     name = name.strip()
-    if name not in backends.REGISTRY:
-        raise ValueError(f"--variant {text!r}: unknown backend {name!r} (choose from {', '.join(backends.names())})")
+    if name not in registry.REGISTRY:
+        raise ValueError(f"--variant {text!r}: unknown backend {name!r} (choose from {', '.join(registry.names())})")
     try:
         return Variant(label, name, tuple(shlex.split(args)))
     except ValueError as e:  # unbalanced quotes
@@ -73,7 +73,7 @@ def check_flags(v: Variant, common: Sequence[str]) -> None:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            backends.load(v.backend).parser().parse_args([*common, *v.args])
+            registry.load(v.backend).parser().parse_args([*common, *v.args])
     except SystemExit as e:
         lines = err.getvalue().strip().splitlines() or [f"exit {e.code}"]
         msg = lines[-1].split(": error: ", 1)[-1].removesuffix(" (see --help)")

@@ -2,11 +2,14 @@
 
 - no function longer than 80 lines, no module longer than 500 lines;
 - no import cycle among the project's modules (imports inside functions count: a lazy cycle is still a cycle);
-- the backends are listed only in ``backends/``: outside it (and outside the tests of named backends; the shared
-  test helpers in tests/conftest.py count), no list, tuple, set or dict literal names two or more registered
-  backends (or their modules); code iterates ``backends.REGISTRY`` instead;
-- the layers (``LAYERS``): contract, workload, cluster, training, diagnostics, report, then the entry modules; no
-  module imports one of a higher layer;
+- the backends are listed only in ``common/core/registry.py``: outside it and ``backends/`` (and outside the tests
+  of named backends; the shared test helpers in tests/conftest.py count), no list, tuple, set or dict literal names
+  two or more registered backends (or their modules); code iterates ``registry.REGISTRY`` instead;
+- the layers (``LAYERS``): core (the contract and the registry), workload, cluster, training, diagnostics, report,
+  then the entry modules; no module imports one of a higher layer;
+- ``backends/`` stands on ``common/``: no module of ``common/`` imports ``backends`` or anything in it (not even an
+  entry module, not even inside a function, not by ``importlib`` with a literal name). The one way down-up is
+  ``common.core.registry.load``, which imports a backend by the module name of its registry entry, at run time;
 - the objective has one home: in ``backends/`` and ``common/`` only ``common/training/objective.py`` constructs a
   Keras loss or scales a loss to the global batch (the benchmarks' plain loops and the tests write their own on
   purpose).
@@ -21,9 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import backends  # noqa: E402
+from common.core import registry  # noqa: E402
 
-PACKAGES = ("backends", "common", "bench", "scripts", "tests")
+PACKAGES = ("backends", "common", "bench", "scripts", "tests", "jobs")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 500
 
@@ -111,7 +114,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def backend_listings(tree: ast.AST, where: str) -> list[str]:
-    names = set(backends.names()) | {e.module for e in backends.REGISTRY.values()}
+    names = set(registry.names()) | {e.module for e in registry.REGISTRY.values()}
     out = []
     for node in ast.walk(tree):
         elts: list[ast.AST] = []
@@ -121,16 +124,16 @@ def backend_listings(tree: ast.AST, where: str) -> list[str]:
             elts = [k for k in node.keys if k is not None]
         hits = {e.value for e in elts if isinstance(e, ast.Constant) and e.value in names}
         if len(hits) >= 2:
-            out.append(f"{where}:{node.lineno}: lists backends {sorted(hits)}: iterate backends.REGISTRY instead")
+            out.append(f"{where}:{node.lineno}: lists backends {sorted(hits)}: iterate registry.REGISTRY instead")
     return out
 
 
-# The layers, lowest first: a module never imports one of a higher layer. "backends" is the registry package alone and
-# "backends.base" the contract; a "common.X" name covers its package and everything in it. Every module named by none
-# (the entry modules common.cli, common.runner, common.sweep, common.doctor; the backends themselves; bench, scripts
-# and tests) stands above them all.
+# The layers, lowest first: a module never imports one of a higher layer. A "common.X" name covers its package and
+# everything in it; common.core holds the contract (common.core.contract) and the registry (common.core.registry).
+# Every module named by none (the entry modules common.cli, common.runner, common.sweep, common.doctor; the backends;
+# bench, scripts and tests) stands above them all.
 LAYERS = (
-    ("contract", ("backends", "backends.base", "common.core")),
+    ("core", ("common.core",)),
     ("workload", ("common.workload",)),
     ("cluster", ("common.cluster",)),
     ("training", ("common.training",)),
@@ -143,7 +146,7 @@ TOP = len(LAYERS)
 def layer_of(module: str) -> int:
     for rank, (_, names) in enumerate(LAYERS):
         for n in names:
-            if module == n or (n.startswith("common.") and module.startswith(n + ".")):
+            if module == n or module.startswith(n + "."):
                 return rank
     return TOP
 
@@ -156,6 +159,33 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
                 out.append(f"{src} ({LAYERS[layer_of(src)][0]}) imports {dst} "
                            f"({LAYERS[layer_of(dst)][0] if layer_of(dst) < TOP else 'entry'}): a lower layer imports a "
                            "higher one")
+    return out
+
+
+REGISTRY_HOME = "common/core/registry.py"  # the one module of common/ that reaches backends/, by name at run time
+
+
+def is_backend_module(name: str) -> bool:
+    return name == "backends" or name.startswith("backends.")
+
+
+def common_imports_backends(graph: dict[str, set[str]]) -> list[str]:
+    """Static imports of ``backends`` (or a module in it) by a module of ``common/``."""
+    return [f"{src} imports {dst}: common/ never imports backends/ (ask common.core.registry.load for a backend)"
+            for src in sorted(graph) if src.startswith("common.") or src == "common"
+            for dst in sorted(graph[src]) if is_backend_module(dst)]
+
+
+def backend_by_name(tree: ast.AST, where: str) -> list[str]:
+    """``importlib.import_module("backends...")`` / ``__import__("backends...")`` in common/, outside the registry."""
+    if not where.startswith("common/") or where == REGISTRY_HOME:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and ast.unparse(node.func).endswith(("import_module", "__import__"))
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                and is_backend_module(node.args[0].value)):
+            out.append(f"{where}:{node.lineno}: imports {node.args[0].value} by name: only {REGISTRY_HOME} may")
     return out
 
 
@@ -188,12 +218,14 @@ def main() -> int:
         tree = ast.parse(text, filename=where)
         problems += long_functions(tree, where)
         problems += objective_outside_home(tree, where)
+        problems += backend_by_name(tree, where)
         name = module_name(path)
         graph[name] = imports_of(tree, name, path.name == "__init__.py", known)
         # Tests of named backends (parity: one against the other) may name them; shared test helpers may not.
-        if not where.startswith(("backends/", "tests/")) or where == "tests/conftest.py":
+        if (not where.startswith(("backends/", "tests/")) and where != REGISTRY_HOME) or where == "tests/conftest.py":
             problems += backend_listings(tree, where)
     problems += upward_imports(graph)
+    problems += common_imports_backends(graph)
     for cyc in cycles(graph):
         problems.append(f"import cycle among {', '.join(cyc)}")
     for p in problems:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import backends
+from common.core import registry
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -81,7 +81,7 @@ def run(cmd: list[str], *, timeout: int = RUN_TIMEOUT, env: dict[str, str] | Non
 def backend_cmd(kind: str, results: Path, *extra: str, workers: int = 2, job: str = SMOKE) -> list[str]:
     """``workers`` local ranks of backend ``kind`` (its own launcher: --nproc, horovodrun) on ``job``."""
     args = ["--job", job, "--results", str(results), "--quiet", *extra]
-    return backends.load(kind).local_command(workers, args, python=PY)
+    return registry.load(kind).local_command(workers, args, python=PY)
 
 
 def only_result(results: Path) -> dict[str, Any]:

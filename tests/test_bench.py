@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import backends
 from bench import overhead, plain_loops
+from common.core import registry
 from common.diagnostics.allreduce import bus_factor, parse_sizes
 from tests.conftest import BIN, PY, run
 
@@ -79,7 +79,7 @@ def test_overhead_benchmark_runs_both_backends():
         if "median ratio twinbench/plain" in line:
             side = line.split("twinbench/")[1].split()[0]
             ratios[(line.split(":")[0], side)] = float(line.split("=")[1].split()[0])
-    assert set(ratios) == {(f"smoke 2w {kind}", side) for kind in backends.names()
+    assert set(ratios) == {(f"smoke 2w {kind}", side) for kind in registry.names()
                            for side in ("plain-const", "plain-tfdata")}, proc.stdout
     # Sanity only (a broken run gives 0, inf or an exception); the >= 0.98 target is judged by reading the figures.
     assert all(0.2 < r < 5 for r in ratios.values()), ratios

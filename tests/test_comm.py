@@ -7,7 +7,7 @@ import types
 import pytest
 
 from backends import native
-from backends.base import Collective, RankInfo, tuning_record
+from common.core.contract import Collective, RankInfo, tuning_record
 from tests.conftest import PY, SMOKE, first_divergence, run
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from backends import horovod, horovod_knobs
-from backends.base import Knob, tuning_record
 from common import report, sweep
+from common.core.contract import Knob, tuning_record
 from common.report.summary import row_label
 from tests.conftest import SMOKE
 from tests.test_report import make_run, md_row, put

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from backends.base import Capabilities, Collective
 from common.cluster import machine
+from common.core.contract import Capabilities, Collective
 from common.core.results import BreakdownRecord
 from common.report import build_report, machines, summarize
 from common.report.render import format_ratio_table, short_command

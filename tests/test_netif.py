@@ -186,9 +186,9 @@ def test_missing_interface_exits_2_before_tensorflow(module, how, tmp_path):
 @distributed
 @pytest.mark.parametrize("kind", ["native", "horovod"])
 def test_two_local_ranks_record_interface_addresses_and_topology(kind, tmp_path):
-    import backends
+    from common.core import registry
 
-    cmd = backends.load(kind).local_command(2, ["--results", str(tmp_path), "--quiet", "--iface", "lo",
+    cmd = registry.load(kind).local_command(2, ["--results", str(tmp_path), "--quiet", "--iface", "lo",
                                                 "--cpu-bind", "cores", "--set", "steps=4"], python=sys.executable)
     run(cmd)
     r = only_result(tmp_path)

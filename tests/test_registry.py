@@ -9,19 +9,19 @@ import sys
 
 import pytest
 
-import backends
-from backends.base import Backend, BackendSpec, BaseOptions, Capabilities, Collective, Diagnosis, Knob, RankInfo
+from common.core import registry
+from common.core.contract import Backend, BackendSpec, BaseOptions, Capabilities, Collective, Diagnosis, Knob, RankInfo
 from tests.conftest import REPO, base_env
 
 
-@pytest.mark.parametrize("name", backends.names())
+@pytest.mark.parametrize("name", registry.names())
 def test_every_registered_backend_keeps_the_contract(name):
-    entry = backends.entry(name)
-    mod = backends.load(name)
+    entry = registry.entry(name)
+    mod = registry.load(name)
     classes = [c for c in vars(mod).values() if inspect.isclass(c) and issubclass(c, Backend) and c is not Backend]
     assert [c.name for c in classes] == [name], f"{entry.module} must define one Backend subclass named {name!r}"
     assert not inspect.isabstract(classes[0]), f"{classes[0].__name__} leaves abstract members unimplemented"
-    assert isinstance(mod, BackendSpec), f"{entry.module} lacks a module-level member of backends.base.BackendSpec"
+    assert isinstance(mod, BackendSpec), f"{entry.module} lacks a module-level member of contract.BackendSpec"
     assert issubclass(mod.Options, BaseOptions) and mod.Options.__dataclass_params__.frozen
     args = mod.parser().parse_args([])
     assert isinstance(mod.Options.from_args(args), mod.Options)
@@ -78,11 +78,11 @@ def test_rank_info_is_frozen_and_derives_replicas():
 
 def test_unknown_backend_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown backend 'nope': use one of native, horovod"):
-        backends.load("nope")
+        registry.load("nope")
 
 
 def test_listing_backends_imports_no_backend_and_no_tensorflow():
-    code = ("import sys, backends; backends.names(); "
+    code = ("import sys; from common.core import registry; registry.names(); "
             "print(sorted(m for m in sys.modules if m.startswith(('tensorflow', 'horovod', 'backends.'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
@@ -91,11 +91,11 @@ def test_listing_backends_imports_no_backend_and_no_tensorflow():
 def test_shell_helper_prints_each_backends_local_command():
     run = lambda *a: subprocess.run([sys.executable, "-m", "backends", *a], cwd=REPO, env=base_env(),  # noqa: E731
                                     capture_output=True, text=True)
-    assert run("names").stdout.split() == list(backends.names())
-    for name in backends.names():
+    assert run("names").stdout.split() == list(registry.names())
+    for name in registry.names():
         out = run("command", name, "2", "--job", "j.toml")
         assert out.returncode == 0
-        assert out.stdout.splitlines() == backends.load(name).local_command(2, ["--job", "j.toml"])
+        assert out.stdout.splitlines() == registry.load(name).local_command(2, ["--job", "j.toml"])
     bad = run("command", "nope", "2")
     assert bad.returncode == 2 and "unknown backend" in bad.stderr
 
@@ -104,13 +104,13 @@ def test_shell_helper_prints_each_backends_local_command():
 def test_a_third_backend_plugs_in_by_its_module_and_one_registry_line(monkeypatch, runner, tmp_path):
     """tests/toy_backend.py (one process, identity collectives) and one registry entry: it runs a 1-worker job with
     the shared loop, computes what native computes, and the report gives it its own row, after the registry's."""
-    from backends import BackendEntry
     from common import report
+    from common.core.registry import BackendEntry
     from tests.conftest import PY, SMOKE, first_divergence, only_result, run
 
-    monkeypatch.setitem(backends.REGISTRY, "toy", BackendEntry(
+    monkeypatch.setitem(registry.REGISTRY, "toy", BackendEntry(
         "toy", "tests.toy_backend", "one process, no communication", "tab:green", "jobs/slurm/native.sbatch"))
-    mod = backends.load("toy")
+    mod = registry.load("toy")
     assert not inspect.isabstract(mod.ToyBackend) and mod.doctor(None).ok is False
     job = ["--set", "mode=ctl", "--set", "per_replica_batch_size=32"]
     run(mod.local_command(1, ["--job", SMOKE, "--results", str(tmp_path), "--quiet", *job], python=PY))

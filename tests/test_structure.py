@@ -34,7 +34,7 @@ def test_checker_finds_an_import_cycle_including_lazy_imports():
 
 
 def test_checker_finds_a_list_of_backends_outside_backends():
-    names = list(cs.backends.names())[:2]
+    names = list(cs.registry.names())[:2]
     found = cs.backend_listings(ast.parse(f"B = {tuple(names)!r}\nX = ({names[0]!r},)\n"), "common/x.py")
     assert len(found) == 1 and "common/x.py:1" in found[0]
 
@@ -42,17 +42,35 @@ def test_checker_finds_a_list_of_backends_outside_backends():
 def test_checker_finds_a_lower_layer_importing_a_higher_one():
     graph = {
         "common.workload.job": {"common.training.loops"},  # workload -> training: up
-        "common.training.loops": {"common.workload.job", "backends.base", "common.core.errors"},  # down: allowed
-        "common.report.load": {"backends"},  # the registry package is the bottom layer
-        "backends.base": {"backends.native"},  # the contract importing a backend: up to the entry layer
+        "common.training.loops": {"common.workload.job", "common.core.contract", "common.core.errors"},  # down: allowed
+        "common.core.contract": {"common.training.train"},  # the contract importing training: up
         "common.sweep": {"common.report.load", "common.training.train"},  # entry modules may import anything
+        "backends.native": {"common.core.contract", "common.training.train"},  # backends stand on common/
     }
     found = cs.upward_imports(graph)
     assert len(found) == 2, found
-    assert found[0].startswith("backends.base (contract) imports backends.native (entry)")
+    assert found[0].startswith("common.core.contract (core) imports common.training.train (training)")
     assert found[1].startswith("common.workload.job (workload) imports common.training.loops (training)")
-    assert [cs.layer_of(m) for m in ("backends", "backends.base", "common.core.results", "common.workload",
-                                     "common.report.cli", "common.cli", "backends.horovod")] == [0, 0, 0, 1, 5, 6, 6]
+    assert [cs.layer_of(m) for m in ("common.core.contract", "common.core.registry", "common.core.results",
+                                     "common.workload", "common.report.cli", "common.cli", "backends",
+                                     "backends.horovod")] == [0, 0, 0, 1, 5, 6, 6, 6]
+
+
+def test_checker_finds_common_importing_backends():
+    """backends/ stands on common/: any import of backends from common/ is a breach, entry modules and lazy imports
+    included; the registry's lookup by module name is the one way up, and only in common/core/registry.py."""
+    known = {"backends", "backends.native", "backends.base", "common.doctor", "common.core.registry"}
+    lazy = cs.imports_of(ast.parse("def f():\n    from backends import native\n"), "common.doctor", False, known)
+    graph = {"common.doctor": lazy, "common.report.load": {"backends"}, "backends.native": {"common.doctor"}}
+    found = cs.common_imports_backends(graph)
+    assert {f.split()[0] for f in found} == {"common.doctor", "common.report.load"}, found  # not backends.native
+    assert "common.doctor imports backends.native: common/ never imports backends/ (ask common.core.registry.load " \
+        "for a backend)" in found
+    by_name = "import importlib\nm = importlib.import_module('backends.native')\n"
+    assert cs.backend_by_name(ast.parse(by_name), "common/doctor.py") == [
+        "common/doctor.py:2: imports backends.native by name: only common/core/registry.py may"]
+    assert cs.backend_by_name(ast.parse(by_name), "common/core/registry.py") == []
+    assert cs.backend_by_name(ast.parse(by_name), "bench/clock.py") == []
 
 
 def _uses_slurm_fixture(fn: ast.FunctionDef) -> bool:

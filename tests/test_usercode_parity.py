@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-import backends
+from common.core import registry
 from common.workload.job import job_from_dict, load_job
 from tests.conftest import REPO, backend_cmd, first_divergence, only_result, run, same_losses
 from tests.test_check import _check as check_command
@@ -64,7 +64,7 @@ def records(checked) -> dict[str, dict[str, Any]]:
 def test_check_passes_on_the_example_for_every_pair(checked):
     proc, _ = checked
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    kinds = backends.names()
+    kinds = registry.names()
     assert proc.stdout.count("[check] run ") == 2 * 2 * len(kinds)  # backends x (1, 2 workers) x (fit, ctl)
     for mode in ("fit", "ctl"):
         assert f"{kinds[0]} vs {kinds[1]}, {mode}, 2 workers" in proc.stdout

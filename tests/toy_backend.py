@@ -12,9 +12,10 @@ T0 = time.time()  # process start, for time-to-first-step
 import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
-from backends import base, entrypoint  # noqa: E402
+from backends import entrypoint
 from common import cli  # noqa: E402
 from common.cluster import placement  # noqa: E402
+from common.core import contract as base  # noqa: E402
 
 PROG = "tests.toy_backend"
 Options = base.BaseOptions  # no flags of its own

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends.base import Backend
 from common.cluster import machine
 from common.core import results as res
+from common.core.contract import Backend
 from common.diagnostics import p2p
 from common.training import observe
 from common.training.runconfig import BenchOptions

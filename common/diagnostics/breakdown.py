@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends.base import Backend
 from common.cluster import machine
 from common.core import results as res
+from common.core.contract import Backend
 from common.core.errors import UsageError
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord
 from common.training.context import Plan, RunContext

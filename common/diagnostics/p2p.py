@@ -14,9 +14,9 @@ import socket
 import time
 from typing import Any
 
-from backends.base import Backend, size_text
 from common.cluster import netif
 from common.core import results as res
+from common.core.contract import Backend, size_text
 
 PROBE_SECONDS = 1.0  # s of sending: far above a TCP ramp-up on a LAN, short next to a benchmark
 CHUNK = 1 << 20  # bytes per send/recv call

@@ -28,7 +28,7 @@ class BestRow:
 
 @dataclass(frozen=True)
 class BestRatio:
-    """``backends.RATIO`` at one world size, of the defaults and of the fastest variants (None: a side is missing)."""
+    """``registry.RATIO`` at one world size, of the defaults and of the fastest variants (None: a side is missing)."""
 
     world_size: int
     default_ratio: float | None

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import backends
+from common.core import registry
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord, write_atomic
 from common.report.base import MixedVersionsError, ReportError, warn
 from common.report.htmlpage import format_html
@@ -259,7 +259,7 @@ def format_breakdown(cells: Sequence[BreakdownCell], image: str | None = None) -
     lines += ["comm / allreduce bench: comm against the allreduce microbenchmark's median time for one tensor of the "
               "gradient bytes (log-log interpolated between its sizes; n/a outside them or without a benchmark at "
               "that world size); a step's gradients are several tensors, the benchmark's one.", ""]
-    num_b, den_b = backends.RATIO
+    num_b, den_b = registry.RATIO
     by_n: dict[int, dict[str, BreakdownRecord]] = {}
     for c in cells:
         by_n.setdefault(c.rec.world_size, {})[c.rec.backend] = c.rec

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import backends
+from common.core import registry
 from common.report.base import ReportError
 from common.report.build import Report, build_report, load_set
 from common.report.converge import EXIT_CONVERGED, EXIT_NOT_YET, check, converged, format_checks, parse_width
@@ -17,7 +17,7 @@ from common.report.summary import summarize
 
 
 def _parser() -> argparse.ArgumentParser:
-    num, den = backends.RATIO
+    num, den = registry.RATIO
     p = argparse.ArgumentParser(
         prog="python -m common.report",
         description=f"Scaling report ({den} vs {num}) from a directory of twinbench results JSONs. Runs are "

@@ -87,8 +87,8 @@ LEGACY_DEFAULT_STRATEGY = "mwms"  # native's default: no variant
 
 
 def capabilities(d: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A run's (or an allreduce benchmark's) ``capabilities`` block (``backends.base.Capabilities.record()``); for
-    an older file without one, the same facts as its ``backend_info`` said them."""
+    """A run's (or an allreduce benchmark's) ``capabilities`` block (``common.core.contract.Capabilities.record``);
+    for an older file without one, the same facts as its ``backend_info`` said them."""
     caps = d.get("capabilities")
     if isinstance(caps, Mapping):
         return caps

@@ -7,7 +7,7 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import backends
+from common.core import registry
 from common.report.base import NA
 from common.report.machines import subtitle
 from common.report.stats import num
@@ -17,9 +17,9 @@ from common.report.summary import JobSummary
 def backend_color(name: str, index: int) -> str:
     """The registry's colour of a backend; a backend the registry does not know takes matplotlib's colour cycle
     (``index``: its position among the backends drawn, offset past the cycle colours of the registry's)."""
-    if name in backends.names():
-        return backends.entry(name).color
-    return f"C{index + len(backends.names())}"
+    if name in registry.names():
+        return registry.entry(name).color
+    return f"C{index + len(registry.names())}"
 
 
 Style = tuple[str, str, str]  # colour, line style, marker of one row label's line

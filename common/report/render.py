@@ -147,12 +147,12 @@ def format_table(summary: JobSummary) -> str:
 
 
 def format_ratio_table(summary: JobSummary) -> str:
-    """backends.RATIO median throughput (numerator / denominator) per world size in Markdown."""
+    """registry.RATIO median throughput (numerator / denominator) per world size in Markdown."""
     return md_table(*ratio_table(summary))
 
 
 def ratio_table(summary: JobSummary) -> tuple[tuple[str, ...], list[list[str]]]:
-    """backends.RATIO per world size (and layout) as header and text cells."""
+    """registry.RATIO per world size (and layout) as header and text cells."""
     header = ("replicas", "layout", f"{RATIO_DEN} img/s", f"{RATIO_NUM} img/s",
               f"{RATIO_NUM}/{RATIO_DEN} [bootstrap 95% CI]", f"workers ({RATIO_DEN} / {RATIO_NUM})",
               f"collective ({RATIO_DEN} / {RATIO_NUM})", "like for like")

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import backends
+from common.core import registry
 from common.report.base import NA, NO_INTERVAL
 from common.report.evaluation import row_fields as evaluation_fields
 from common.report.load import capabilities, layout_of, upgrade_run
@@ -17,7 +17,7 @@ from common.report.machines import MachineKey, machine_keys, nodes_text
 from common.report.stats import MIN_CI_RUNS, Interval, median, median_interval, num, ratio_interval
 from common.report.versions import version_mix, versions_by_key
 
-RATIO_NUM, RATIO_DEN = backends.RATIO  # numerator and denominator of the throughput ratio
+RATIO_NUM, RATIO_DEN = registry.RATIO  # numerator and denominator of the throughput ratio
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Row:
     final_loss: float | None
     speedup: float | None = None
     efficiency: float | None = None
-    ratio: float | None = None  # backends.RATIO at this world size, on both backends' rows
+    ratio: float | None = None  # registry.RATIO at this world size, on both backends' rows
     files: list[str] = field(default_factory=list)
     input_method: str | None = None  # RunRecord.input.method of the repeats ("fetch", "gap"); None: not measured
     input_fraction: float | None = None  # median over repeats of the input wait's share of the timed wall time
@@ -80,7 +80,7 @@ class Row:
 
 @dataclass
 class RatioRow:
-    """backends.RATIO (numerator / denominator median throughput) at one world size."""
+    """registry.RATIO (numerator / denominator median throughput) at one world size."""
 
     world_size: int
     den_workers: int | None  # denominator's worker count (None: no denominator run here)
@@ -118,7 +118,7 @@ class JobSummary:
 def order_backends(names: Iterable[str]) -> list[str]:
     """The registry's backends in its order, then any other backend found in results, sorted."""
     names = set(names)
-    known = backends.names()
+    known = registry.names()
     return [b for b in known if b in names] + sorted(names - set(known))
 
 
@@ -298,7 +298,7 @@ def _pair_machine(d: Row | None, n: Row | None, several: bool) -> str:
 
 
 def _ratios(rows: list[Row], notes: list[str]) -> list[RatioRow]:
-    """The backends.RATIO throughput ratio per world size, set on both rows too; notes on what is missing."""
+    """The registry.RATIO throughput ratio per world size, set on both rows too; notes on what is missing."""
     names = order_backends(r.plain for r in rows)
     several = any(r.machine for r in rows)
     ratios: list[RatioRow] = []

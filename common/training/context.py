@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.base import Backend
+from common.core.contract import Backend
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
 

@@ -14,7 +14,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.base import Backend, Warmup
+from common.core.contract import Backend, Warmup
 from common.training import inputwait
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext

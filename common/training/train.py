@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.base import Backend, Capabilities, comm_env, tuning_record
 from common.cluster import machine, netif
 from common.core import results as res
+from common.core.contract import Backend, Capabilities, comm_env, tuning_record
 from common.core.errors import PeerLost, Preempted, UsageError
 from common.training import evaluate, inputwait, loops, objective, observe
 from common.training import reliability as rel

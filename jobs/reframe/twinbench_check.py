@@ -1,4 +1,4 @@
-"""twinbench as a ReFrame regression test: both backends (native MWMS, Horovod) at 1 and 2 tasks, one GPU each.
+"""twinbench as a ReFrame regression test: every registered backend at 1 and 2 tasks, one GPU each.
 
     reframe -C jobs/reframe/settings.py -c jobs/reframe/twinbench_check.py -r --performance-report
     reframe -C SITE_SETTINGS.py -c jobs/reframe/twinbench_check.py -S job_file=jobs/resnet50_cifar10.toml -r
@@ -30,6 +30,7 @@ Unset (the placeholders, and the CI test cluster) means recorded, not checked.
 from __future__ import annotations
 
 import os
+import sys
 
 import reframe as rfm
 import reframe.utility.sanity as sn
@@ -49,6 +50,10 @@ REFERENCES: dict[str, dict[tuple[str, int], dict[str, tuple[float | None, float 
     "twinbench-local:debug": {},  # the CI test cluster (tests/slurm/start_cluster.sh): figures recorded only
 }
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from common.core import registry  # noqa: E402  (the only list of backends; imports no TensorFlow)
+
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 _PER = rf"^Img/sec per \w+: {_NUM} \+-{_NUM}"
 _TOTAL = rf"^Total img/sec on \d+ \w+\(s\): {_NUM} \+-{_NUM}"
@@ -58,13 +63,13 @@ _TOTAL = rf"^Total img/sec on \d+ \w+\(s\): {_NUM} \+-{_NUM}"
 class TwinbenchCheck(rfm.RunOnlyRegressionTest):
     """One twinbench run: ``backend`` at ``tasks`` ranks (one per GPU, one node), on ``job_file``."""
 
-    backend = parameter(["native", "horovod"])
+    backend = parameter(list(registry.names()))
     tasks = parameter([1, 2])
 
     #: the job file, relative to the repository root (or absolute)
     job_file = variable(str, value="jobs/smoke.toml")
     #: the repository root (default: two directories above this file)
-    repo = variable(str, value=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    repo = variable(str, value=REPO)
     #: when set, every test must also have run the job with this hash (pin it across systems)
     job_hash = variable(str, value="")
     #: srun --mpi of the Horovod launch (as TWINBENCH_SRUN_MPI of the sbatch scripts)
@@ -94,11 +99,12 @@ class TwinbenchCheck(rfm.RunOnlyRegressionTest):
     def set_launch(self):
         results = os.path.join(self.stagedir, "results")
         job = self.job_file if os.path.isabs(self.job_file) else os.path.join(self.repo, self.job_file)
-        port = ["--port-base", "$TB_PORT_BASE"] if self.backend == "native" else []
+        entry = registry.entry(self.backend)
+        port = ["--port-base", "$TB_PORT_BASE"] if entry.port_base else []
         self.executable_opts = ["-m", f"backends.{self.backend}", *port, "--job", job, "--results", results,
                                 *self.backend_args]
         opts = [f"--hint={self.srun_hint}"] if self.srun_hint else []
-        if self.backend == "horovod":
+        if entry.srun_mpi:
             opts.insert(0, f"--mpi={self.srun_mpi}")
         self.job.launcher.options = opts
         self.env_vars["TWINBENCH_REPO"] = self.repo

@@ -1,0 +1,66 @@
+"""The registry: the only list of backends in the project, and the one place ``common/`` reaches ``backends/``.
+
+It is lazy: importing it imports no backend module, no TensorFlow and no Horovod, so the report, the sweep and the
+doctor can iterate it cheaply and a native run never imports Horovod. Each entry names its module as a string;
+``load`` imports it with ``importlib`` when asked. That call is the only way ``common/`` reaches ``backends/``
+(scripts/check_structure.py fails on any static import of ``backends`` from ``common/``): the backends sit on top of
+the shared code they implement the contract of (``common.core.contract``), and shared code that must start a
+backend (the doctor, the check, the sweep's argument check) names it here, by string, at run time.
+
+Each backend module is a ``common.core.contract.BackendSpec`` (``PROG``, ``T0``, a frozen ``Options`` dataclass
+whose defaults are the flags', ``parser()``, ``make_backend()``, ``local_command(n, args)``: how to start ``n`` ranks
+on this host, ``doctor()``, and ``main()``, a call of ``backends.entrypoint.run_main``) with one ``Backend``
+subclass. Run them as modules (``python -m backends.native``), never by path: ``backends/horovod.py`` would shadow
+the real ``horovod`` package.
+
+Adding a backend: a module ``backends/NAME.py`` and one entry below (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """What code that never imports a backend (report, sweep, doctor) knows of it."""
+
+    name: str  # the results' "backend" field, the entry point's module suffix and the sbatch script's stem
+    module: str  # importable module: python -m <module>
+    summary: str  # one line for help texts and the doctor
+    color: str  # plot colour in the report
+    slurm_script: str  # sbatch script under jobs/slurm/
+    srun_mpi: bool = False  # srun starts its ranks with --mpi=<plugin> (they wire up through PMI, not own ports)
+    port_base: bool = False  # takes --port-base: its ranks listen on ports of their own, one block per Slurm job
+
+
+REGISTRY: dict[str, BackendEntry] = {
+    e.name: e
+    for e in (
+        BackendEntry("native", "backends.native", "tf.distribute MultiWorkerMirroredStrategy (Mirrored, OneDevice)",
+                     "tab:blue", "jobs/slurm/native.sbatch", srun_mpi=False, port_base=True),
+        BackendEntry("horovod", "backends.horovod", "Horovod allreduce, one process per device",
+                     "tab:orange", "jobs/slurm/horovod.sbatch", srun_mpi=True, port_base=False),
+    )
+}
+# The report's headline ratio: numerator / denominator of images/s at each world size (the first two backends).
+RATIO = ("horovod", "native")
+
+
+def names() -> tuple[str, ...]:
+    """Every backend, in the report's table order."""
+    return tuple(REGISTRY)
+
+
+def entry(name: str) -> BackendEntry:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}: use one of {', '.join(REGISTRY)}") from None
+
+
+def load(name: str) -> ModuleType:
+    """Import a backend module by name only when it is asked for."""
+    return importlib.import_module(entry(name).module)
