@@ -20,7 +20,6 @@ from __future__ import annotations
 import abc
 import argparse
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, Self, runtime_checkable
@@ -105,15 +104,6 @@ class Knob:
     @property
     def is_default(self) -> bool:
         return self.value == self.default
-
-
-ENV_PREFIXES = ("NCCL_", "HOROVOD_", "OMPI_MCA_", "UCX_", "TF_")  # the variables that tune the collectives
-
-
-def comm_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Every variable of ``environ`` (default: this process's) that tunes a collective library, name -> value."""
-    environ = dict(os.environ) if environ is None else environ
-    return {k: v for k, v in environ.items() if k.startswith(ENV_PREFIXES)}
 
 
 def size_text(n: int) -> str:

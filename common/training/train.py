@@ -22,8 +22,9 @@ from typing import Any
 
 from common.cluster import machine, netif
 from common.core import results as res
-from common.core.contract import Backend, Capabilities, comm_env, tuning_record
+from common.core.contract import Backend, Capabilities, tuning_record
 from common.core.errors import PeerLost, Preempted, UsageError
+from common.core.privacy import public_env
 from common.training import evaluate, inputwait, loops, objective, observe
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
@@ -347,7 +348,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
                "path": caps.input_path},
         topology=netif.topology(everyone),
         collective=caps.collective.to_dict(),
-        tuning=tuning_record(list(caps.knobs), comm_env()),
+        tuning=tuning_record(list(caps.knobs), public_env()),
         capabilities=caps.record(),
         machine=machine.combine([r["machine"] for r in everyone]),
         trainable_weights_fingerprint=everyone[0]["fingerprint"],
