@@ -9,7 +9,7 @@ alone is a world of one). No host sync, no recording: what a user would write.
 
 The floor must not share the costs of what it measures, so neither loop uses tf.distribute's distributed input
 (``distribute_datasets_from_function`` / ``experimental_distribute_dataset``, a MultiDeviceIterator under MWMS, which
-halved a CPU CNN's throughput: issue 24). Each worker is fed the way the field's own benchmarks feed it:
+halved a CPU CNN's throughput: docs/findings.md). Each worker is fed the way the field's own benchmarks feed it:
 
 - ``--feed const``: one batch, made once from the job's own pipeline (the first element of
   ``common.workload.data.make_train_dataset``, so the shapes and dtypes are the job's) and reused at every step, as

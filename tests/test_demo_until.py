@@ -1,4 +1,4 @@
-"""scripts/demo.sh's UNTIL=5% loop (issue 23), with every benchmark run replaced by tests/fake_demo_run.py (a fake
+"""scripts/demo.sh's UNTIL=5% loop, with every benchmark run replaced by tests/fake_demo_run.py (a fake
 venv whose python answers ``-m backends command`` with it): fast, no TensorFlow. And its bad settings."""
 
 from __future__ import annotations

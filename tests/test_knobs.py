@@ -1,4 +1,4 @@
-"""Tuning knobs (issue 20): Horovod's flags and the variables they set, the knob records, the report's variant rows,
+"""Tuning knobs: Horovod's flags and the variables they set, the knob records, the report's variant rows,
 collectives and best vs best, and the sweep's --variant.
 
 Fast and single-process: no hvd.init, no TensorFlow (the one multi-process check is in tests/test_parity.py).

@@ -1,4 +1,4 @@
-"""Your model, your data, your loss (issue 22 part A): the job keys, the code digest in the job hash, pythonpath,
+"""Your model, your data, your loss: the job keys, the code digest in the job hash, pythonpath,
 the user's arrays, and bad input through the real CLI (one line naming the key, exit 2, nothing written).
 
 Everything here is one process; the parity of the example on both backends is in tests/test_usercode_parity.py.

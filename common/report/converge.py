@@ -1,4 +1,4 @@
-"""Have the repeats converged? (issue 23: ``--until 5%`` on the demo, the report and the sweep's status.)
+"""Have the repeats converged? (``--until 5%`` on the demo, the report and the sweep's status.)
 
 A cell is a row of the report's scaling table (backend or variant, machine, world size, layout: ``summary.Row``).
 It is *within X% of its median* when its interval of the median is, on both sides:
