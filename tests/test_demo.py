@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,10 @@ def test_demo_compares_both_backends_and_reports(tmp_path):
     env["OUT"] = str(tmp_path / "demo")
     env["REPEATS"] = "2"  # the repeat path (intervals) at the lowest cost; the default is 3
     env["STEPS"] = "40"
+    # what a centre's shell may hold: a secret and a home path in TF_* variables that are not TensorFlow's (Terraform's),
+    # beside a variable that tunes a collective library
+    env.update(TF_VAR_db_password="hunter2-not-published", TF_CLI_CONFIG_FILE=f"{Path.home()}/.terraformrc",
+               NCCL_SOCKET_IFNAME="lo")
     proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -42,6 +47,14 @@ def test_demo_compares_both_backends_and_reports(tmp_path):
     assert diag == [("horovod", 1), ("horovod", 2), ("native", 1), ("native", 2)]
     assert "## Step-time breakdown" in md and "DIAGNOSTIC" in md
     assert [p.stat().st_size > 1000 for p in (tmp_path / "demo" / "report").glob("breakdown_*.png")] == [True]
+    # published files: the tuning variable is recorded, the secret, Terraform's variables and the home directory are not
+    assert all(r["tuning"]["env"].get("NCCL_SOCKET_IFNAME") == "lo" for r in runs if r["kind"] == "train")
+    published = [p for p in (tmp_path / "demo").rglob("*") if p.suffix in (".json", ".md", ".html", ".csv")]
+    assert len(published) >= 15, published
+    for p in published:
+        text = p.read_text()
+        for private in ("hunter2-not-published", "TF_VAR_", "TF_CLI_CONFIG_FILE", str(Path.home()) + "/"):
+            assert private not in text, f"{p.name} holds {private!r}"
 
 
 @pytest.mark.parametrize("var,value", [("REPEATS", "0"), ("REPEATS", "x"), ("STEPS", "5")])
