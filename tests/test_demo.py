@@ -18,7 +18,7 @@ def test_demo_compares_both_backends_and_reports(tmp_path):
     env["OUT"] = str(tmp_path / "demo")
     env["REPEATS"] = "2"  # the repeat path (intervals) at the lowest cost; the default is 3
     env["STEPS"] = "40"
-    # what a centre's shell may hold: a secret and a home path in TF_* variables that are not TensorFlow's (Terraform's),
+    # what a centre's shell may hold: a secret and a home path in TF_* variables that are Terraform's, not TF's,
     # beside a variable that tunes a collective library
     env.update(TF_VAR_db_password="hunter2-not-published", TF_CLI_CONFIG_FILE=f"{Path.home()}/.terraformrc",
                NCCL_SOCKET_IFNAME="lo")
