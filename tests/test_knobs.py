@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from backends import horovod, horovod_knobs
-from common import report, sweep
+from common import report
 from common.core.contract import Knob, tuning_record
 from common.report.summary import row_label
+from common.sweep import cli as sweep
 from tests.conftest import SMOKE
 from tests.test_report import make_run, md_row, put
 

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from common import sweep, sweep_layout, sweep_order
+from common.sweep import cli as sweep
+from common.sweep import layout as sweep_layout
+from common.sweep import order as sweep_order
 from tests.conftest import SMOKE
 from tests.test_sweep_order import fake_sbatch
 

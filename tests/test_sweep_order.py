@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from common import sweep, sweep_order
+from common.sweep import cli as sweep
+from common.sweep import order as sweep_order
 from tests.conftest import PY, REPO, SMOKE, base_env
 
 CELLS = ["native-n1", "horovod-n1", "native-n2", "horovod-n2"]

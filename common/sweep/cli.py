@@ -25,10 +25,10 @@ flags after the shared ones, into ``DIR/<label>-n<size>/`` (e.g. ``--variant hvd
 
 ``--nodes 1,2`` runs every size at each listed node count that divides it (at most ``--gres-per-node`` ranks per
 node): size 2 as ``1x2`` and ``2x1``, cells ``<variant>-<nodes>x<ranks per node>`` kept apart by the report
-(common.sweep_layout).
+(common.sweep.layout).
 
 ``--repeats R`` submits R runs of every cell (backend or variant x size) into ``DIR/<cell>-r<round>/``, round
-robin in a seeded order that changes every round (common.sweep_order); the manifest records each job's cell and
+robin in a seeded order that changes every round (common.sweep.order); the manifest records each job's cell and
 round, and ``status`` counts per cell. ``--hint``, ``--srun-mpi`` and ``--module-purge`` reach the scripts as
 TWINBENCH_HINT, TWINBENCH_SRUN_MPI and TWINBENCH_MODULE_PURGE (jobs/slurm/env.sh).
 
@@ -36,7 +36,7 @@ TWINBENCH_HINT, TWINBENCH_SRUN_MPI and TWINBENCH_MODULE_PURGE (jobs/slurm/env.sh
 from the result files always and from squeue / sacct / scontrol where they answer ("unknown": Slurm no longer
 knows the job and there is no result). Exit status 0 when every run finished, 1 when one failed (or is unknown),
 3 when runs are still pending or running (``--wait`` polls until they are not). ``--until 5%``: also whether every cell
-is within 5% of its median (common.sweep_order; exit 4 when all runs finished but a cell is not).
+is within 5% of its median (common.sweep.order; exit 4 when all runs finished but a cell is not).
 
 Bad input prints one line on stderr and exits 2, before anything is submitted or written. No TensorFlow here.
 """
@@ -55,12 +55,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from common import cli
-from common import sweep_layout as sl
-from common import sweep_order as so
-from common import sweep_variants as sv
 from common.core import registry
 from common.core import results as res
-from common.sweep_layout import SweepError
+from common.sweep import layout as sl
+from common.sweep import order as so
+from common.sweep import variants as sv
+from common.sweep.layout import SweepError
 from common.workload.job import JobError, load_job
 
 PROG = "common.sweep"
@@ -264,7 +264,7 @@ def submit_runs(runs: list[dict[str, Any]], header: dict[str, Any], results: Pat
 
 
 def extend(a: argparse.Namespace) -> int:
-    """``extend DIR --rounds K``: K more interleaved rounds into the sweep's manifest (common.sweep_order)."""
+    """``extend DIR --rounds K``: K more interleaved rounds into the sweep's manifest (common.sweep.order)."""
     root = Path(a.results_dir).resolve()
     try:
         manifest = load_manifest(root)
@@ -455,7 +455,3 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(sys.argv[1:] if argv is None else argv)
     return {"submit": submit, "extend": extend, "status": status}[a.command](a)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
