@@ -5,7 +5,7 @@ when the step has more than one task; otherwise a single worker. ``--nproc N`` s
 generated ``TF_CONFIG`` on free loopback ports (like ``torchrun --standalone``); with ``--strategy parameter_server
 --ps P`` it starts a chief, N workers and P parameter servers instead. In parameter-server training only the chief
 trains (``backends.native_ps``, the loop ``NativeBackend.train_loop`` supplies); workers and parameter servers run
-TensorFlow servers until the chief has gone.
+TensorFlow servers until the chief has gone. Each strategy is made in ``backends.native_strategy``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,20 @@ import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, replace  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
-from backends import entrypoint, native_cluster  # noqa: E402
-from backends.native_input import per_worker_dataset, worker_slots  # noqa: E402
+from backends import entrypoint, native_cluster, native_strategy  # noqa: E402
+from backends.native_input import coordinator_dataset_fn, per_worker_dataset  # noqa: E402
+from backends.native_strategy import (  # noqa: E402
+    ALL_LOCAL_DEVICES,
+    CENTRAL_VARIABLES,
+    COMMS,
+    STRATEGIES,
+    breakdown_problem,
+)
 from common import cli  # noqa: E402
-from common.cluster.placement import Pinning, configure_threads, pin_one_gpu  # noqa: E402
+from common.cluster.placement import configure_threads, pin_one_gpu  # noqa: E402
 from common.core.contract import (  # noqa: E402
     Backend,
     BaseOptions,
@@ -41,12 +48,7 @@ from common.core.contract import (  # noqa: E402
 from common.core.errors import UsageError  # noqa: E402
 
 PROG = "backends.native"
-STRATEGIES = ("mwms", "mirrored", "one_device", "central_storage", "parameter_server")
-ALL_LOCAL_DEVICES = ("mirrored", "central_storage")  # one process driving every local device (nothing to pin)
-COMMS = ("auto", "ring", "nccl")
 EXIT_BARRIER_MS = 30_000  # ms to wait for peers at exit: they are all past their last collective within a second
-CENTRAL_VARIABLES = "/cpu:0"  # where central_storage keeps the variables (the Q&A's: the host, next to the GPUs)
-BREAKDOWN_STRATEGIES = ("mwms", "one_device")  # one replica per process: the phases are that process's
 
 
 @dataclass(frozen=True)
@@ -148,74 +150,13 @@ class NativeBackend(Backend):
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
                 cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(o.logical_cpus)])
-        rank, num_workers, per_worker, device = self._make_strategy(tf, gpus, pin)
-        return RankInfo(rank=rank, num_workers=num_workers, local_rank=local_rank, local_size=local_size,
-                        replicas_per_worker=per_worker, device=device, threads=self.threads, cpus=tuple(cpus),
-                        cpu_bind=bound)
-
-    def _make_strategy(self, tf: Any, gpus: list[Any], pin: Pinning) -> tuple[int, int, int, str]:
-        """Create the strategy (before any other TF op); returns (rank, workers, replicas per worker, device)."""
-        o = self.opts
-        if o.strategy == "mwms":
-            self.strategy = self._mwms(tf, gpus)
-            workers = self.strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [])
-            self.cluster = {"workers": workers}
-            num_workers = max(len(workers), 1)
-            return (int(self.strategy.cluster_resolver.task_id or 0), num_workers,
-                    self.strategy.num_replicas_in_sync // num_workers, pin.label())
-        if o.strategy == "parameter_server":
-            return self._parameter_server(tf, pin)
-        if o.strategy in ALL_LOCAL_DEVICES:
-            devices = [d.name for d in tf.config.list_logical_devices("GPU")] or \
-                      [d.name for d in tf.config.list_logical_devices("CPU")]
-            if o.strategy == "mirrored":
-                self.strategy = tf.distribute.MirroredStrategy(devices=devices)
-            else:
-                # The Q&A's CentralStorageStrategy: one copy of each variable, on the host; every local device
-                # computes with it (with CPU devices only, the first of them holds the variables).
-                self.strategy = tf.distribute.experimental.CentralStorageStrategy(
-                    compute_devices=devices, parameter_device=CENTRAL_VARIABLES)
-            self._collective = Collective(self.opts.comm, "in-process",
-                                          f"{o.strategy}: one process reduces across its local devices")
-            return 0, 1, self.strategy.num_replicas_in_sync, replace(pin, device=",".join(devices)).label()
-        one = "/gpu:0" if gpus else "/cpu:0"
-        self.strategy = tf.distribute.OneDeviceStrategy(one)
-        return 0, 1, 1, replace(pin, device=one).label()
-
-    def _parameter_server(self, tf: Any, pin: Pinning) -> tuple[int, int, int, str]:
-        """The chief of a parameter-server cluster: it creates the variables on the ps and schedules the steps."""
-        role = native_cluster.ps_role(self.opts.ps, self.opts.port_base)
-        self.cluster, self.cluster_source = role.cluster, role.source
-        self._collective = Collective(self.opts.comm, "parameter servers (gRPC)",
-                                      "parameter-server training: variables live on the parameter servers")
-        tf.config.set_visible_devices([], "GPU")  # the chief computes nothing: leave its node's GPUs to workers
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(role.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
-        self.strategy = tf.distribute.ParameterServerStrategy(resolver)
-        # num_replicas_in_sync: the GPUs of one worker (1 on CPU workers); the workers step independently
-        return 0, len(role.cluster["worker"]), self.strategy.num_replicas_in_sync, \
-            replace(pin, device="coordinator (no compute)").label()
-
-    def _mwms(self, tf: Any, gpus: list[Any]) -> Any:
-        o = self.opts
-        impl = tf.distribute.experimental.CommunicationImplementation
-        self._collective = resolve_comm(o.comm, bool(gpus))
-        if o.comm == "nccl" and self._collective.used != "nccl":
-            print(f"[{PROG}] warning: --comm nccl needs GPUs and none is visible; using RING (gRPC) collectives",
-                  file=sys.stderr, flush=True)
-        # Never impl.AUTO: in TF 2.21 it reaches the runtime as the hint "auto", and the runtime then picks NCCL
-        # only if ConfigProto.experimental.collective_nccl is set, which MWMS sets for impl.NCCL alone
-        # (collective_param_resolver_local.cc AssignCollectiveType; collective_all_reduce_strategy.py
-        # _update_config_proto): AUTO is RING on GPUs. So twinbench decides, before the strategy exists.
-        choice = impl.NCCL if self._collective.used == "nccl" else impl.RING
-        options = tf.distribute.experimental.CommunicationOptions(
-            bytes_per_pack=o.bytes_per_pack, timeout_seconds=o.comm_timeout or None, implementation=choice)
-        resolver = None
-        if native_cluster.multi_task_slurm_step():
-            resolver, self.cluster_source = native_cluster.slurm_resolver(tf, o.port_base, o.gpus_per_node,
-                                                                          len(gpus), PROG)
-        # Must come before any other TF op: MWMS configures the runtime's collective ops when created.
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+        made = native_strategy.make_strategy(tf, o, gpus, pin, PROG)
+        self.strategy, self.cluster = made.strategy, made.cluster
+        self._collective = made.collective or self._collective
+        self.cluster_source = made.cluster_source or self.cluster_source
+        return RankInfo(rank=made.rank, num_workers=made.num_workers, local_rank=local_rank, local_size=local_size,
+                        replicas_per_worker=made.replicas_per_worker, device=made.device, threads=self.threads,
+                        cpus=tuple(cpus), cpu_bind=bound)
 
     @property
     def _coordinated(self) -> bool:
@@ -295,30 +236,13 @@ class NativeBackend(Backend):
         """
         per = self.info.replicas_per_worker
         if self._coordinated:
-            return self._per_worker_dataset_fn(dataset_fn)
+            return coordinator_dataset_fn(dataset_fn, self.num_workers, self.info.replicas_per_worker)
         if self._input_path() == "per-worker":
             return per_worker_dataset(dataset_fn(self.rank, self.num_workers, 1))
         # distribute_datasets_from_function does no auto-sharding: common.workload.data shards by pipeline index, the
         # same rule Horovod ranks use, so both backends feed every replica the same samples.
         return self.strategy.distribute_datasets_from_function(
             lambda ctx: dataset_fn(ctx.input_pipeline_id, ctx.num_input_pipelines, per))
-
-    def _per_worker_dataset_fn(self, dataset_fn: Callable[[int, int, int], Any]) -> Callable[[Any], Any]:
-        """``input_context -> tf.data.Dataset`` run on each worker: its slots of every global batch.
-
-        The coordinator traces it once for all workers, so the worker's index is a tensor known only when it
-        runs there: build every slot of each global batch (``common.workload.data``'s order), keep the worker's share.
-        The cost: each worker prepares the whole global batch and keeps 1/W of it.
-        """
-        import tensorflow as tf
-
-        workers, per = self.num_workers, self.info.replicas_per_worker
-
-        def fn(input_context: Any) -> Any:
-            ds = dataset_fn(0, 1, workers * per)  # one pipeline feeding every replica slot, in slot order
-            return worker_slots(ds, workers, per, tf.distribute.coordinator.experimental_get_current_worker_index())
-
-        return fn
 
     def run_step(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         out = self.strategy.run(step_fn, args=tuple(batch))
@@ -409,26 +333,6 @@ class NativeBackend(Backend):
             # One function for every shape (reduce_retracing): it is called at agreed steps and at the end.
             self._allsum_fn = tf.function(lambda v: self.strategy.run(contribute, args=(v,)), reduce_retracing=True)
         return self.strategy.experimental_local_results(self._allsum_fn(value))[0]
-
-
-def resolve_comm(requested: str, has_gpu: bool) -> Collective:
-    """The MWMS collective implementation for ``--comm``: ``auto`` is NCCL when this worker has a GPU, else RING;
-    ``nccl`` without a GPU falls back to RING (NCCL cannot reduce host tensors)."""
-    if requested == "ring":
-        return Collective(requested, "ring", "--comm ring")
-    if has_gpu:
-        why = "--comm nccl" if requested == "nccl" else "--comm auto and this worker has a GPU"
-        return Collective(requested, "nccl", why)
-    why = "--comm nccl but no GPU is visible" if requested == "nccl" else "--comm auto and no GPU is visible"
-    return Collective(requested, "ring", why)
-
-
-def breakdown_problem(strategy: str) -> str | None:
-    """Why ``--diagnose breakdown`` cannot run with ``strategy`` (one line), or None."""
-    if strategy in BREAKDOWN_STRATEGIES:
-        return None
-    return (f"--diagnose breakdown splits the synchronous all-reduce step into phases: --strategy "
-            f"{' or '.join(BREAKDOWN_STRATEGIES)}, not {strategy}")
 
 
 def _preflight(args: argparse.Namespace) -> None:

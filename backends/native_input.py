@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 
@@ -40,3 +41,20 @@ def worker_slots(ds: Any, workers: int, per: int, index: Any) -> Any:
     if per == 1:
         return ds.shard(workers, index)
     return ds.batch(per, drop_remainder=True).shard(workers, index).unbatch()
+
+
+def coordinator_dataset_fn(dataset_fn: Callable[[int, int, int], Any], workers: int, per: int) -> Callable[[Any], Any]:
+    """``input_context -> tf.data.Dataset`` run on each worker of parameter-server training: its slots of every
+    global batch (``backends.native_ps`` creates it on every worker through the coordinator).
+
+    The coordinator traces it once for all workers, so the worker's index is a tensor known only when it
+    runs there: build every slot of each global batch (``common.workload.data``'s order), keep the worker's share.
+    The cost: each worker prepares the whole global batch and keeps 1/W of it.
+    """
+    import tensorflow as tf
+
+    def fn(input_context: Any) -> Any:
+        ds = dataset_fn(0, 1, workers * per)  # one pipeline feeding every replica slot, in slot order
+        return worker_slots(ds, workers, per, tf.distribute.coordinator.experimental_get_current_worker_index())
+
+    return fn

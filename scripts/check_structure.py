@@ -130,7 +130,7 @@ def backend_listings(tree: ast.AST, where: str) -> list[str]:
 
 # The layers, lowest first: a module never imports one of a higher layer. A "common.X" name covers its package and
 # everything in it; common.core holds the contract (common.core.contract) and the registry (common.core.registry).
-# Every module named by none (the entry modules common.cli, common.runner, common.sweep, common.doctor; the backends;
+# Every module named by none (the entry modules common.cli, common.runner, common.sweep.*, common.doctor; the backends;
 # bench, scripts and tests) stands above them all.
 LAYERS = (
     ("core", ("common.core",)),

@@ -169,7 +169,7 @@ def test_sweep_runs_each_layout_and_the_report_keeps_1x2_and_2x1_apart(emu, resu
     the same per-step losses; the report has a 1x2 and a 2x1 row for each backend."""
     from common.report.build import load_set
     from common.report.summary import summarize
-    from common.sweep_order import interleave
+    from common.sweep.order import interleave
 
     sweep = _sweep(emu)
     manifest = json.loads((sweep / "sweep-manifest.json").read_text())

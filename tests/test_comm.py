@@ -6,7 +6,8 @@ import types
 
 import pytest
 
-from backends import native
+from backends import native, native_strategy
+from common.cluster.placement import Pinning
 from common.core.contract import Collective, RankInfo, tuning_record
 from tests.conftest import PY, SMOKE, first_divergence, run
 
@@ -16,7 +17,7 @@ from tests.conftest import PY, SMOKE, first_divergence, run
     ("ring", True, "ring"), ("ring", False, "ring"),
 ])
 def test_resolve_comm(requested, has_gpu, used):
-    got = native.resolve_comm(requested, has_gpu)
+    got = native_strategy.resolve_comm(requested, has_gpu)
     assert (got.requested, got.used) == (requested, used) and got.reason
 
 
@@ -47,13 +48,13 @@ def test_auto_gives_mwms_nccl_with_a_gpu_and_ring_without(monkeypatch, gpus, imp
     tf = pytest.importorskip("tensorflow")
     monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
     monkeypatch.delenv("SLURM_NTASKS", raising=False)
-    backend = native.NativeBackend(native.Options(comm="auto", bytes_per_pack=1 << 20, comm_timeout=30.0))
+    opts = native.Options(comm="auto", bytes_per_pack=1 << 20, comm_timeout=30.0)
     with pytest.raises(_Captured) as got:
-        backend._mwms(_fake_tf(tf), gpus)
+        native_strategy.make_strategy(_fake_tf(tf), opts, gpus, Pinning("cpu", None, None), native.PROG)
     options = got.value.args[0]
     assert options.implementation == getattr(tf.distribute.experimental.CommunicationImplementation, impl)
     assert options.bytes_per_pack == 1 << 20 and options.timeout_seconds == 30.0
-    assert set_up(backend).capabilities().collective == native.resolve_comm("auto", bool(gpus))
+    assert native_strategy.resolve_comm("auto", bool(gpus)).used == impl.lower()
 
 
 def test_knobs_record_values_defaults_and_variant():

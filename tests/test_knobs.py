@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from backends import horovod, horovod_knobs
-from common import report, sweep
+from common import report
 from common.core.contract import Knob, tuning_record
 from common.report.summary import row_label
+from common.sweep import cli, plan, slurm
 from tests.conftest import SMOKE
 from tests.test_report import make_run, md_row, put
 
@@ -228,9 +229,9 @@ def test_records_without_a_collective_show_na(tmp_path):
 
 # -- the sweep's --variant ------------------------------------------------------------------------------------------
 def submit(tmp_path: Path, *extra: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    a = sweep.parser().parse_args(["submit", "--job", SMOKE, "--results", str(tmp_path / "sw"), "--sizes", "1,2",
+    a = cli.parser().parse_args(["submit", "--job", SMOKE, "--results", str(tmp_path / "sw"), "--sizes", "1,2",
                                    "--gres-per-node", "0", *extra])
-    return sweep.plan(a)
+    return plan.plan(a)
 
 
 def test_sweep_variants_run_at_every_size_on_identical_resources(tmp_path):
@@ -244,10 +245,10 @@ def test_sweep_variants_run_at_every_size_on_identical_resources(tmp_path):
     assert header["variants"][0] == {"label": "hvd-fusion32", "backend": "horovod",
                                      "args": ["--fusion-threshold-mb", "32", "--cycle-time-ms", "2"]}
     results = tmp_path / "sw"
-    cmd = sweep.sbatch_command(runs[2], header, results, None)
+    cmd = slurm.sbatch_command(runs[2], header, results, None)
     assert cmd[-5:] == ["--threads=1", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2"]  # shared, then own
     assert str(results / "hvd-fusion32-n2") in cmd and "--job-name=tb-hvd-fusion32-n2" in cmd
-    assert sweep.sbatch_command(runs[1], header, results, None)[-1] == "--quiet"  # the native default: no flags
+    assert slurm.sbatch_command(runs[1], header, results, None)[-1] == "--quiet"  # the native default: no flags
 
 
 def test_sweep_without_variants_runs_what_it_always_ran(tmp_path):
@@ -272,7 +273,7 @@ def test_sweep_without_variants_runs_what_it_always_ran(tmp_path):
 ])
 def test_sweep_bad_variant_is_one_line_exit_2(tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit) as e:
-        sweep.main(["submit", "--job", SMOKE, "--results", str(tmp_path / "R"), "--dry-run", *extra])
+        cli.main(["submit", "--job", SMOKE, "--results", str(tmp_path / "R"), "--dry-run", *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and message in err[0], err
     assert not (tmp_path / "R").exists()

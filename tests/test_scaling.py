@@ -36,9 +36,9 @@ def test_unfittable_inputs():
     assert fit_alpha_beta([{"bytes": 1, "time_median": 1.0}, {"bytes": 2, "time_median": 2.0}], 1) is None
 
 
-# -- the planner (python -m common.scaling): the same model, stated or measured inputs -----------------------------
+# -- the planner (python -m common.planner): the same model, stated or measured inputs -----------------------------
 def _plan(capsys, argv: list[str]) -> str:
-    from common import scaling as planner
+    from common import planner
 
     assert planner.main(argv) == 0
     return capsys.readouterr().out
@@ -94,13 +94,13 @@ def test_planner_overlap_hides_communication(capsys):
                                    "--sizes", "6"],
                                   ["--step-ms", "1", "--grad-bytes", "1", "--link-gbits", "1", "--sizes", "x"]])
 def test_planner_bad_parameters_one_line_exit_2(capsys, argv):
-    from common import scaling as planner
+    from common import planner
 
     with pytest.raises(SystemExit) as e:
         planner.main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("common.scaling: error:")
+    assert err.count("\n") == 1 and err.startswith("common.planner: error:")
 
 
 def _measured_dir(tmp_path, breakdown: bool = False):

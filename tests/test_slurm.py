@@ -410,7 +410,7 @@ def test_sweep_bad_input_is_one_line_exit_2(args, message, tmp_path):
 def test_sweep_status_without_manifest_and_without_tensorflow(tmp_path):
     proc = _sweep("status", str(tmp_path))
     assert proc.returncode == 2 and "no sweep here" in proc.stderr
-    code = "import sys, common.sweep; assert 'tensorflow' not in sys.modules"
+    code = "import sys, common.sweep.cli; assert 'tensorflow' not in sys.modules"
     subprocess.run([PY, "-c", code], cwd=REPO, env=base_env(), check=True)
 
 

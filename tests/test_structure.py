@@ -44,7 +44,7 @@ def test_checker_finds_a_lower_layer_importing_a_higher_one():
         "common.workload.job": {"common.training.loops"},  # workload -> training: up
         "common.training.loops": {"common.workload.job", "common.core.contract", "common.core.errors"},  # down: allowed
         "common.core.contract": {"common.training.train"},  # the contract importing training: up
-        "common.sweep": {"common.report.load", "common.training.train"},  # entry modules may import anything
+        "common.sweep.cli": {"common.report.load", "common.training.train"},  # entry modules may import anything
         "backends.native": {"common.core.contract", "common.training.train"},  # backends stand on common/
     }
     found = cs.upward_imports(graph)
@@ -52,8 +52,8 @@ def test_checker_finds_a_lower_layer_importing_a_higher_one():
     assert found[0].startswith("common.core.contract (core) imports common.training.train (training)")
     assert found[1].startswith("common.workload.job (workload) imports common.training.loops (training)")
     assert [cs.layer_of(m) for m in ("common.core.contract", "common.core.registry", "common.core.results",
-                                     "common.workload", "common.report.cli", "common.cli", "backends",
-                                     "backends.horovod")] == [0, 0, 0, 1, 5, 6, 6, 6]
+                                     "common.workload", "common.report.cli", "common.cli", "common.sweep.plan",
+                                     "backends", "backends.horovod")] == [0, 0, 0, 1, 5, 6, 6, 6, 6]
 
 
 def test_checker_finds_common_importing_backends():

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from common import sweep, sweep_layout, sweep_order
+from common.sweep import cli, plan
+from common.sweep import layout as sweep_layout
+from common.sweep import order as sweep_order
 from tests.conftest import SMOKE
 from tests.test_sweep_order import fake_sbatch
 
@@ -33,7 +35,7 @@ def test_layouts_per_size_and_node_count():
 
 
 def _plan(tmp_path, *extra: str):
-    return sweep.plan(sweep.parser().parse_args(
+    return plan.plan(cli.parser().parse_args(
         ["submit", "--job", SMOKE, "--sizes", "1,2,4", "--nodes", "1,2", "--gres-per-node", "2", "--results",
          str(tmp_path / "sw"), *extra]))
 
@@ -58,7 +60,7 @@ def test_bad_nodes_is_one_line_exit_2(tmp_path, capsys):
     for nodes, message in (("0", "--nodes: a node count must be >= 1"), ("1,x", "--nodes: 'x' is not an integer"),
                            ("2", "--nodes 2: world size 1 fits none")):
         with pytest.raises(SystemExit) as e:
-            sweep.main(["submit", "--job", SMOKE, "--sizes", "1,2", "--nodes", nodes, "--results",
+            cli.main(["submit", "--job", SMOKE, "--sizes", "1,2", "--nodes", nodes, "--results",
                         str(tmp_path / "sw"), "--dry-run"])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
@@ -68,15 +70,15 @@ def test_bad_nodes_is_one_line_exit_2(tmp_path, capsys):
 def test_status_and_extend_carry_the_layout(tmp_path, capsys, monkeypatch):
     fake_sbatch(tmp_path, monkeypatch)
     root = tmp_path / "sw"
-    assert sweep.main(["submit", "--job", SMOKE, "--sizes", "2", "--nodes", "1,2", "--gres-per-node", "2",
+    assert cli.main(["submit", "--job", SMOKE, "--sizes", "2", "--nodes", "1,2", "--gres-per-node", "2",
                        "--results", str(root), "--repeats", "2", "--backends", "native"]) == 0
-    assert sweep.main(["extend", str(root)]) == 0
-    m = json.loads((root / sweep.MANIFEST).read_text())
+    assert cli.main(["extend", str(root)]) == 0
+    m = json.loads((root / plan.MANIFEST).read_text())
     assert [(r["cell"], r["round"] - 1) for r in m["runs"]] == sweep_order.interleave(
         ["native-1x2", "native-2x1"], 3, 0)
     assert {r["cell"]: r["resources"][0] for r in m["runs"]} == {"native-1x2": "--nodes=1", "native-2x1": "--nodes=2"}
     capsys.readouterr()
-    sweep.main(["status", str(root)])  # no Slurm to ask and no results: every run unknown
+    cli.main(["status", str(root)])  # no Slurm to ask and no results: every run unknown
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["backend", "size", "layout"]
     assert sorted(ln.split()[2] for ln in table[1:7]) == ["1x2"] * 3 + ["2x1"] * 3

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from common import sweep, sweep_order
+from common.sweep import cli, plan, slurm
+from common.sweep import layout as sweep_layout
+from common.sweep import order as sweep_order
 from tests.conftest import PY, REPO, SMOKE, base_env
 
 CELLS = ["native-n1", "horovod-n1", "native-n2", "horovod-n2"]
@@ -43,12 +45,12 @@ def test_one_cell_and_bad_repeats():
 
 
 def _submit_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
-    return sweep.parser().parse_args(["submit", "--job", SMOKE, "--sizes", "1,2", "--results",
+    return cli.parser().parse_args(["submit", "--job", SMOKE, "--sizes", "1,2", "--results",
                                       str(tmp_path / "sw"), *extra])
 
 
 def test_plan_records_cell_round_and_order(tmp_path):
-    runs, header = sweep.plan(_submit_args(tmp_path, "--repeats", "3", "--order-seed", "5"))
+    runs, header = plan.plan(_submit_args(tmp_path, "--repeats", "3", "--order-seed", "5"))
     assert len(runs) == 12 and header["repeats"] == 3 and header["order_seed"] == 5
     assert [(r["cell"], r["round"]) for r in runs] == [(o["cell"], o["round"]) for o in header["order"]]
     assert [(r["cell"], r["round"] - 1) for r in runs] == sweep_order.interleave(
@@ -57,7 +59,7 @@ def test_plan_records_cell_round_and_order(tmp_path):
     assert len({r["results_dir"] for r in runs}) == 12, "each run its own results directory"
     assert all(r["results_dir"] == f"{r['cell']}-r{r['round']}" for r in runs)
     # one repeat without a seed: the sweep as before (size-major, registry order, directories without -r)
-    runs1, _ = sweep.plan(_submit_args(tmp_path))
+    runs1, _ = plan.plan(_submit_args(tmp_path))
     assert [r["results_dir"] for r in runs1] == ["native-n1", "horovod-n1", "native-n2", "horovod-n2"]
 
 
@@ -78,46 +80,46 @@ def test_dry_run_prints_the_interleaved_serial_plan_and_the_launch_environment(t
 
 
 def test_status_counts_per_cell(tmp_path, capsys):
-    runs, header = sweep.plan(_submit_args(tmp_path, "--repeats", "2"))
+    runs, header = plan.plan(_submit_args(tmp_path, "--repeats", "2"))
     root = tmp_path / "sw"
     root.mkdir()
     manifest = {**header, "runs": [{**r, "job_id": str(100 + i)} for i, r in enumerate(runs)]}
-    (root / sweep.MANIFEST).write_text(json.dumps(manifest))
+    (root / plan.MANIFEST).write_text(json.dumps(manifest))
     for r in runs:  # native-n1 done twice, horovod-n2 once; the rest: no result (Slurm cannot be asked: failed)
         if r["cell"] == "native-n1" or (r["cell"] == "horovod-n2" and r["round"] == 1):
             (root / r["results_dir"]).mkdir()
             (root / r["results_dir"] / "run.json").write_text("{}")
-    sweep.main(["status", str(root), "--json"])
+    cli.main(["status", str(root), "--json"])
     cells = json.loads(capsys.readouterr().out)["cells"]
     assert cells["native-n1"] == {"done": 2, "failed": 0, "pending": 0, "of": 2}
     assert cells["horovod-n2"]["done"] == 1 and cells["horovod-n2"]["of"] == 2
-    sweep.main(["status", str(root)])
+    cli.main(["status", str(root)])
     assert "native-n1   done 2/2, failed 0, pending 0" in capsys.readouterr().out
 
 
 def test_status_until_checks_convergence_of_the_finished_runs(tmp_path, capsys):
     from tests.test_report import make_run, put
 
-    runs, header = sweep.plan(_submit_args(tmp_path, "--repeats", "6"))
+    runs, header = plan.plan(_submit_args(tmp_path, "--repeats", "6"))
     root = tmp_path / "sw"
     root.mkdir()
-    (root / sweep.MANIFEST).write_text(json.dumps({**header, "runs": [{**r, "job_id": str(100 + i)}
+    (root / plan.MANIFEST).write_text(json.dumps({**header, "runs": [{**r, "job_id": str(100 + i)}
                                                                        for i, r in enumerate(runs)]}))
     spread = [80.0, 120.0, 90.0, 110.0, 100.0, 100.0]
     for r in runs:  # every cell within 1% of 100 images/s, but native at 2 replicas spread over 80-120
         ips = spread[r["round"] - 1] if r["cell"] == "native-n2" else 100.0 + r["round"] % 3 * 0.5
         put(root / r["results_dir"], make_run(r["backend"], r["size"], ips, run_id=r["name"]))
-    assert sweep.main(["status", str(root), "--until", "5%"]) == sweep_order.EXIT_NOT_CONVERGED
+    assert cli.main(["status", str(root), "--until", "5%"]) == sweep_order.EXIT_NOT_CONVERGED
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "not yet within 5%: native 2 replicas (2x1) 20.0% wide"
-    assert sweep.main(["status", str(root), "--until", "0.25", "--json"]) == 0
+    assert cli.main(["status", str(root), "--until", "0.25", "--json"]) == 0
     until = json.loads(capsys.readouterr().out)["until"]
     assert until["converged"] and len(until["cells"]) == 4 and until["width"] == 0.25
     (root / "native-n2-r6" / "native-n2-r6.json").unlink()  # a finished run lost: status' own exit wins
-    assert sweep.main(["status", str(root), "--until", "25%"]) == sweep.EXIT_FAILED
+    assert cli.main(["status", str(root), "--until", "25%"]) == slurm.EXIT_FAILED
     assert capsys.readouterr().out.splitlines()[-1] == "not yet within 25%: native 2 replicas (2x1) 5 of 6 runs"
     with pytest.raises(SystemExit) as e:
-        sweep.main(["status", str(root), "--until", "5"])
+        cli.main(["status", str(root), "--until", "5"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "--until" in err
 
@@ -136,12 +138,12 @@ n=$(cat {tmp_path}/count 2>/dev/null || echo 100); n=$((n + 1)); echo $n > {tmp_
 def test_extend_submits_more_rounds_continuing_the_order_up_to_the_cap(tmp_path, capsys, monkeypatch):
     fake_sbatch(tmp_path, monkeypatch)
     root = tmp_path / "sw"
-    assert sweep.main(["submit", "--job", SMOKE, "--sizes", "1,2", "--results", str(root), "--repeats", "2",
+    assert cli.main(["submit", "--job", SMOKE, "--sizes", "1,2", "--results", str(root), "--repeats", "2",
                        "--order-seed", "5", "--max-repeats", "4", "--serial"]) == 0
-    assert json.loads((root / sweep.MANIFEST).read_text())["max_repeats"] == 4
-    assert sweep.main(["extend", str(root), "--rounds", "2"]) == 0
+    assert json.loads((root / plan.MANIFEST).read_text())["max_repeats"] == 4
+    assert cli.main(["extend", str(root), "--rounds", "2"]) == 0
     assert "8 job(s) submitted (4 round(s) in all)" in capsys.readouterr().out
-    m = json.loads((root / sweep.MANIFEST).read_text())
+    m = json.loads((root / plan.MANIFEST).read_text())
     assert [(r["cell"], r["round"] - 1) for r in m["runs"]] == sweep_order.interleave(CELLS, 4, 5), \
         "the rounds a --repeats 4 submission would have made"
     assert [(o["cell"], o["round"]) for o in m["order"]] == [(r["cell"], r["round"]) for r in m["runs"]]
@@ -151,13 +153,13 @@ def test_extend_submits_more_rounds_continuing_the_order_up_to_the_cap(tmp_path,
     assert "--dependency=afterany:108" in m["runs"][8]["sbatch"], "serial: the new rounds wait for the last job"
     assert m["runs"][8]["log"] == f"logs/{m['runs'][8]['name']}-109.out"
     with pytest.raises(SystemExit) as e:
-        sweep.main(["extend", str(root)])
+        cli.main(["extend", str(root)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "its cap is 4" in err
-    assert len(json.loads((root / sweep.MANIFEST).read_text())["runs"]) == 16
+    assert len(json.loads((root / plan.MANIFEST).read_text())["runs"]) == 16
 
 
 def test_max_repeats_below_repeats_is_refused(tmp_path):
-    with pytest.raises(sweep.SweepError, match="--max-repeats"):
-        sweep.plan(_submit_args(tmp_path, "--repeats", "3", "--max-repeats", "2"))
-    assert sweep.plan(_submit_args(tmp_path, "--repeats", "3"))[1]["max_repeats"] == 12
+    with pytest.raises(sweep_layout.SweepError, match="--max-repeats"):
+        plan.plan(_submit_args(tmp_path, "--repeats", "3", "--max-repeats", "2"))
+    assert plan.plan(_submit_args(tmp_path, "--repeats", "3"))[1]["max_repeats"] == 12

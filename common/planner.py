@@ -1,7 +1,7 @@
 """What-if planner: the report's scaling MODEL (common.diagnostics.scaling) at the sizes you ask for.
 
-    python -m common.scaling --from DIR [--backend B] [--job-hash H] [overrides] [--sizes 8,16,64]
-    python -m common.scaling --step-ms 120 --grad-bytes 102e6 --link-gbits 100 [--latency-us 5]
+    python -m common.planner --from DIR [--backend B] [--job-hash H] [overrides] [--sizes 8,16,64]
+    python -m common.planner --step-ms 120 --grad-bytes 102e6 --link-gbits 100 [--latency-us 5]
                              [--gpus-per-node 4 --intra-gbits 600 [--intra-latency-us 2]]
                              [--overlap 0.5] [--batch 64] [--sizes 8,16,64]
 
@@ -35,7 +35,7 @@ from common.report.load import load_allreduce, load_breakdowns, load_runs
 from common.report.model import model_inputs
 from common.report.summary import JobSummary, summarize
 
-PROG = "common.scaling"
+PROG = "common.planner"
 DEFAULT_SIZES = "8,16,32,64"
 
 
