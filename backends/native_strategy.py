@@ -22,7 +22,7 @@ from common.core.contract import Collective
 STRATEGIES = ("mwms", "mirrored", "one_device", "central_storage", "parameter_server")
 ALL_LOCAL_DEVICES = ("mirrored", "central_storage")  # one process driving every local device (nothing to pin)
 COMMS = ("auto", "ring", "nccl")
-CENTRAL_VARIABLES = "/cpu:0"  # where central_storage keeps the variables (the Q&A's: the host, next to the GPUs)
+CENTRAL_VARIABLES = "/cpu:0"  # central_storage keeps the variables on the host, whatever the GPU count (see below)
 BREAKDOWN_STRATEGIES = ("mwms", "one_device")  # one replica per process: the phases are that process's
 
 
@@ -78,8 +78,9 @@ def make_strategy(tf: Any, o: StrategyOptions, gpus: list[Any], pin: Pinning, pr
         if o.strategy == "mirrored":
             strategy = tf.distribute.MirroredStrategy(devices=devices)
         else:
-            # The Q&A's CentralStorageStrategy: one copy of each variable, on the host; every local device
-            # computes with it (with CPU devices only, the first of them holds the variables).
+            # One copy of each variable, on the host; every local device computes with it. Pinned here because
+            # TF's own default (tensorflow/python/distribute/central_storage_strategy.py, CentralStorageStrategy
+            # .__init__) is the GPU itself when there is only one, which would make a 1-GPU run another strategy.
             strategy = tf.distribute.experimental.CentralStorageStrategy(
                 compute_devices=devices, parameter_device=CENTRAL_VARIABLES)
         collective = Collective(o.comm, "in-process", f"{o.strategy}: one process reduces across its local devices")

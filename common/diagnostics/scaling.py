@@ -9,7 +9,7 @@ allreduce microbenchmark, ring allreduce bound for the gradient bytes.
   an upper bound on step time (a lower bound on efficiency) for one-GPU-per-worker data parallelism.
 - Efficiency(N) = t_compute / step(N) (throughput(N) / (N x throughput(1)) with the 1-worker run's step time).
 - Horovod's fp16 compression halves S (the results JSON's ``gradient_bytes`` already reflects it).
-- The planner (``python -m common.scaling``) uses the same :func:`predict` with two more parameters: an overlap
+- The planner (``python -m common.planner``) uses the same :func:`predict` with two more parameters: an overlap
   fraction (step = compute + comm - overlap x min(compute, comm)) and GPUs per node (a hierarchical allreduce:
   reduce-scatter and allgather inside a node over an intra-node link, ring across nodes over the inter-node link).
   Their defaults (0, 1) are the report's model.
