@@ -28,7 +28,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.cluster import machine
 from common.core import results as res
@@ -39,6 +39,9 @@ from common.training.context import Plan, RunContext
 from common.training.objective import lr_at_step, mean_over_ranks, recorded_loss, replica_objective
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
+
+if TYPE_CHECKING:
+    from common.training.train import Built
 
 STAMPS = 5  # t0..t4 per step
 METHOD = ("phases serialized inside one tf.function per step, tf.timestamp() at each boundary; no overlap of "
@@ -131,7 +134,7 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any
     dataset = backend.make_dataset(train.training_input(ctx, 0))
     backend.before_training(built.model)
     warm = min(max(job.warmup_interval, 1), plan.total_steps - 1)  # step `warm - 1` ends the untimed part
-    stamps, losses, marks = _loop(ctx, built.model, built.optimizer, dataset, warm, watchdog)
+    stamps, losses, marks = _loop(ctx, built, dataset, warm, watchdog)
     wall = next(t for d, t in marks if d == warm)
     mine = {"host": res.hostname(), "phases": step_phases(stamps, warm), "wall": marks[-1][1] - wall,
             "losses": losses, "machine": machine.rank_machine(opts.iface)}
@@ -162,16 +165,17 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any
     return rec
 
 
-def _loop(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, warm: int,
+def _loop(ctx: RunContext, built: Built, dataset: Any, warm: int,
           watchdog: Any) -> tuple[list[list[float]], list[float], list[tuple[int, float]]]:
     """Run every step; the host reads the device's stamps every sync_every_steps (and after step 1, at the end
     of the warm-up and after the last step), as a benchmark syncs. Returns stamps, losses and clock marks."""
     import tensorflow as tf
 
     job, backend, plan = ctx.job, ctx.backend, ctx.plan
+    model, optimizer = built.model, built.optimizer
     every = job.sync_interval
     ring = tf.Variable(tf.zeros([every, STAMPS + 1], tf.float64), trainable=False, name="twinbench_breakdown")
-    step = _make_step(ctx, model, optimizer, iter(dataset), ring)
+    step = _make_step(ctx, built, iter(dataset), ring)
     stamps: list[list[float]] = []
     losses: list[float] = []
     marks = [(0, time.perf_counter())]
@@ -193,11 +197,12 @@ def _loop(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, warm: int,
     return stamps, losses, marks
 
 
-def _make_step(ctx: RunContext, model: Any, optimizer: Any, iterator: Any, ring: Any) -> Any:
+def _make_step(ctx: RunContext, built: Built, iterator: Any, ring: Any) -> Any:
     """The one tf.function per step: [t0, t1, t2, t3, t4, loss] of step ``i`` written at slot i % ring size."""
     import tensorflow as tf
 
     job, backend, replicas = ctx.job, ctx.backend, ctx.plan.replicas
+    model, optimizer = built.model, built.optimizer
     forward = _forward(job, model, ctx.plan)
     mixed, variables = job.mixed_precision, model.trainable_variables
     phases = backend.phases()
