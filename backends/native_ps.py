@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from common.training import inputwait
-from common.training.objective import replica_objective
+from common.training.objective import mean_over_ranks, recorded_loss, replica_objective
 from common.workload.job import Job
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class _Syncs:
             return False
         self.coordinator.join()  # every scheduled worker step has run (raises the first step error, if any)
         values = [self.read(v.fetch()) for v in self.pending]
-        losses = [sum(values[i * self.fan:(i + 1) * self.fan]) / self.fan for i in range(steps)]
+        losses = [mean_over_ranks(values[i * self.fan:(i + 1) * self.fan]) for i in range(steps)]
         self.done, self.pending = self.points.pop(0), []
         # The chief hands steps over only at these points: all of them were dispatched once they are joined.
         self.hooks.dispatched = self.done
@@ -82,7 +82,7 @@ def _worker_step(job: Job, strategy: Any, model: Any, optimizer: Any, worker_bat
             loss = objective(x, y)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss * replicas  # this replica's own mean loss (+ regularisation)
+        return recorded_loss(loss, replicas)
 
     @tf.function
     def worker_step(iterator: Any) -> Any:
@@ -142,11 +142,13 @@ def run_ps(ctx: RunContext, model: Any, optimizer: Any, dataset_fn: Callable[[An
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)  # one per strategy (Keras')
     hooks.input_clock = inputwait.NotMeasured(INPUT_NOT_MEASURED)
     fan = backend.num_workers  # worker steps per global step
+    local = backend.info.replicas_per_worker
+    worker_batch = plan.per_replica_batch * local  # one worker step's samples: a global step is `fan` of them
     run_steps = hooks.run_steps
     progress = None
     if ctx.verbose:
         print(f"[twinbench] parameter-server training (asynchronous): {fan} worker steps of "
-              f"{plan.global_batch // fan} samples per global step; the chief joins every {job.sync_every_steps} "
+              f"{worker_batch} samples per global step; the chief joins every {job.sync_every_steps} "
               "steps", flush=True)
 
         def progress(done: int, loss: float) -> None:
@@ -158,5 +160,5 @@ def run_ps(ctx: RunContext, model: Any, optimizer: Any, dataset_fn: Callable[[An
         _run_fit(model, dataset_fn, run_steps * fan, hooks, syncs)
     else:
         syncs = _Syncs(coordinator, hooks, fan, points, float, progress)
-        step = _worker_step(job, strategy, model, optimizer, plan.global_batch // fan, backend.info.replicas_per_worker)
+        step = _worker_step(job, strategy, model, optimizer, worker_batch, local)
         _run_ctl(strategy, coordinator, step, dataset_fn, hooks, syncs)

@@ -81,10 +81,6 @@ def base_parser(prog: str, description: str, parser_class: type[OneLineParser] =
                         f"time; every {PREEMPT_CHECK_STEPS} steps until it is known)")
     r.add_argument("--resume-from", default=None, metavar="DIR",
                    help="resume from this checkpoint dir (default: the run's own in RESULTS/checkpoints, if any)")
-    # testing aid: host sleep after every step (execution), outside the step call; the clock must count it
-    r.add_argument("--pause-between-steps", type=float, default=0.0, help=argparse.SUPPRESS)
-    # testing aid: every batch waits this long in the input pipeline; the input-wait measure must see it
-    r.add_argument("--slow-input", type=float, default=0.0, help=argparse.SUPPRESS)
     return with_defaults(p, BaseOptions)
 
 
@@ -191,7 +187,6 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
         t_process_start=t0, command=tuple(command_line()), results_dir=args.results, verbose=not args.quiet,
         peer_timeout=args.peer_timeout, stall_timeout=args.stall_timeout,
         preempt_check_steps=args.preempt_check_steps or 0,
-        pause_between_steps=max(args.pause_between_steps, 0.0), slow_input=max(args.slow_input, 0.0),
         resume_from=args.resume_from, bench=bench, iface=iface, diagnose=args.diagnose,
         profile_steps=profile_steps, progress_seconds=args.progress_every,
     )

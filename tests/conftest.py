@@ -69,6 +69,20 @@ def signal_env(step: int) -> dict[str, str]:
     return {**base_env(), ENV: str(step)}
 
 
+def pause_vars(seconds: float) -> dict[str, str]:
+    """The variable that makes a run's host sleep ``seconds`` after every step (tests/aids/pause_aid.py)."""
+    from tests.aids.pause_aid import ENV
+
+    return {ENV: str(seconds)}
+
+
+def slow_input_vars(seconds: float) -> dict[str, str]:
+    """The variable that makes every batch of a run's training input ``seconds`` late (tests/aids/slow_input_aid.py)."""
+    from tests.aids.slow_input_aid import ENV
+
+    return {ENV: str(seconds)}
+
+
 def run(cmd: list[str], *, timeout: int = RUN_TIMEOUT, env: dict[str, str] | None = None,
         check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=timeout)
@@ -153,28 +167,30 @@ def runner(tmp_path_factory: pytest.TempPathFactory):
     """Runs each distinct command once per session and returns its results record (runs are serial: 2 cores).
     The smoke job is the only job here, and a ``--set`` of one of its own values is dropped first (one run for
     one job). The records and directories are shared: a test must not modify them (copy first).
-    ``runner.results_dir(kind, *extra, workers=2)``: the results directory of that same run.
+    ``runner.results_dir(kind, *extra, workers=2)``: the results directory of that same run. ``env``: variables
+    added to the processes' environment (a test aid's, e.g. ``pause_vars``), part of what makes a run distinct.
     Every run gets its own empty $TMPDIR; ``runner.tmp_leftovers()`` maps each run so far to what its processes
     left there (they should leave nothing: TensorFlow's autograph files are removed at exit, common.core.errors)."""
     cache: dict[tuple[str, ...], tuple[dict[str, Any], Path]] = {}
     leftovers: dict[tuple[str, ...], list[str]] = {}
 
-    def once(kind: str, extra: tuple[str, ...], workers: int) -> tuple[dict[str, Any], Path]:
+    def once(kind: str, extra: tuple[str, ...], workers: int,
+             env: dict[str, str] | None) -> tuple[dict[str, Any], Path]:
         extra = without_default_sets(extra)
-        key = (kind, str(workers), *extra)
+        key = (kind, str(workers), *extra, *(f"{k}={v}" for k, v in sorted((env or {}).items())))
         if key not in cache:
             out = tmp_path_factory.mktemp(f"{kind}{workers}")
             tmp = tmp_path_factory.mktemp(f"{kind}{workers}-tmp")
-            run(backend_cmd(kind, out, *extra, workers=workers), env={**base_env(), "TMPDIR": str(tmp)})
+            run(backend_cmd(kind, out, *extra, workers=workers), env={**base_env(), **(env or {}), "TMPDIR": str(tmp)})
             cache[key] = (only_result(out), out)
             leftovers[key] = sorted(p.name for p in tmp.iterdir())
         return cache[key]
 
-    def go(kind: str, *extra: str, workers: int = 2) -> dict[str, Any]:
-        return once(kind, extra, workers)[0]
+    def go(kind: str, *extra: str, workers: int = 2, env: dict[str, str] | None = None) -> dict[str, Any]:
+        return once(kind, extra, workers, env)[0]
 
-    def results_dir(kind: str, *extra: str, workers: int = 2) -> Path:
-        return once(kind, extra, workers)[1]
+    def results_dir(kind: str, *extra: str, workers: int = 2, env: dict[str, str] | None = None) -> Path:
+        return once(kind, extra, workers, env)[1]
 
     go.results_dir = results_dir  # type: ignore[attr-defined]
     go.tmp_leftovers = lambda: dict(leftovers)  # type: ignore[attr-defined]

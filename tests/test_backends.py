@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import PY, SMOKE, first_divergence, only_result, run
+from tests.conftest import PY, SMOKE, first_divergence, only_result, pause_vars, run
 
 pytestmark = pytest.mark.distributed
 RTOL = 1e-5
@@ -102,7 +102,7 @@ def test_clock_counts_time_between_steps(runner, kind, mode):
     that times only the step calls would report far more than global batch / pause images/s."""
     # the pause and job of tests/test_input_wait.py's paused runs: native's two runs serve both files
     pause, steps = 0.03, 12
-    rec = runner(kind, "--set", f"mode={mode}", "--pause-between-steps", str(pause), workers=1)
+    rec = runner(kind, "--set", f"mode={mode}", workers=1, env=pause_vars(pause))
     timed = rec["step_time"]["timed_steps"]
     assert rec["steps"] == steps and timed == steps - 2
     ceiling = rec["global_batch_size"] / pause  # if the steps themselves took no time at all

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from common.training import loops
+from common.training.context import Plan, RunContext
 from common.training.reliability import Preemption
 from common.training.runconfig import RunOptions
+from common.workload.job import Job
 from tests.aids import signal_aid
 
 
@@ -25,6 +27,14 @@ class FakeBackend:
         assert self.hooks is not None
         self.agreements.append(self.hooks.dispatched)
         return [v * self.num_workers for v in values]
+
+
+def run_context(backend: object, opts: RunOptions, steps: int, sync_every: int, warm: int,
+                images_per_step: int = 0) -> RunContext:
+    """What ``StepHooks`` reads of a run: host syncs every ``sync_every`` steps, ``warm`` untimed steps, ``steps``
+    steps of ``images_per_step`` images (one replica)."""
+    job = Job(sync_every_steps=sync_every, timing_warmup_steps=warm)
+    return RunContext(job, backend, opts, Plan(images_per_step, 0.1, steps, steps, 1))  # type: ignore[arg-type]
 
 
 class FakeClock:
@@ -48,8 +58,7 @@ def drive(monkeypatch: pytest.MonkeyPatch, steps: int, step_s: float, *, sync_ev
     if signal_at:  # the test aid the started processes load (tests/aids), on a subclass: StepHooks stays as is
         hooks_class = type("SignallingHooks", (loops.StepHooks,), {})
         signal_aid.patch(hooks_class, signal_at)
-    hooks = hooks_class(backend, opts, start, steps, sync_every, warm, preemption or Preemption(),
-                            None)  # type: ignore[arg-type]
+    hooks = hooks_class(run_context(backend, opts, steps, sync_every, warm), start, preemption or Preemption(), None)
     backend.hooks = hooks
     hooks.start_clock()
     while hooks.global_step < steps:

@@ -24,7 +24,7 @@ from backends import horovod
 from common.cluster import localcluster
 from common.diagnostics import scaling
 from tests.cluster.emulated import IMMEDIATE, JOB_TIMEOUT, NODES, Emulated, cluster, wait_all
-from tests.conftest import PY, SMOKE, base_env, only_result, same_losses
+from tests.conftest import PY, SMOKE, base_env, only_result, pause_vars, same_losses
 
 pytestmark = pytest.mark.distributed
 IFACE = "tb0"  # the data interface cluster.sh gives every node
@@ -364,18 +364,22 @@ def _wait_for(logs: list[Path], text: str, timeout: float) -> None:
 def test_cut_node_ends_both_backends_on_the_other_node(emu, tmp_path):
     """node2's link cut mid-run, both backends at once (2 x 2 ranks each): the ranks on node1 exit 3 within 60 s
     naming a lost rank on node2, with the default peer timeout; nothing is left running on either node."""
-    long_run = ["--job", SMOKE, "--set", "steps=100000", "--pause-between-steps", "0.05", "--iface", IFACE]
+    long_run = ["--job", SMOKE, "--set", "steps=100000", "--iface", IFACE]
+    # a long run of slow steps (tests/aids/pause_aid.py): horovodrun passes its environment on to every rank, the
+    # remote ones included (`env NAME=VALUE ...` over ssh), and the native ranks on node2 inherit theirs
+    paused = {**base_env(), **pause_vars(0.05)}
     workers = [f"{node}:{TF_CONFIG_PORT + 100 + i}" for node in NODES for i in range(2)]
     native, logs = [], []
     for index, worker in enumerate(workers):
-        env = base_env()
+        env = dict(paused)
         env["TF_CONFIG"] = localcluster.tf_config(workers, index)
         logs.append(tmp_path / f"native{index}.log")
         native.append(emu.popen(worker.split(":")[0], [PY, "-m", "backends.native", *long_run, "--results",
                                                        str(tmp_path / "n")], logs[-1], env))
     logs.append(tmp_path / "horovodrun.log")
     hvd = emu.popen("node1", horovod.horovodrun_command("node1:2,node2:2", 4, [*long_run, "--results",
-                                                                               str(tmp_path / "h")], PY), logs[-1])
+                                                                               str(tmp_path / "h")], PY), logs[-1],
+                    paused)
     try:
         _wait_for([logs[0], logs[-1]], "first step done", JOB_TIMEOUT)  # both chiefs are in the loop
         emu.sh("cut", "node2")

@@ -17,6 +17,7 @@ from common.training import loops as loops_mod
 from common.training.loops import StepHooks
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
+from tests.test_clock import run_context
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # legacy Keras 2 before TensorFlow loads (as both backends)
 
@@ -140,8 +141,8 @@ def test_evaluation_time_is_excluded_from_the_marks_exactly(monkeypatch):
     monkeypatch.setattr(loops_mod.time, "perf_counter", clock)
     backend = types.SimpleNamespace(is_chief=True, num_workers=1, allsum=lambda v: v)
     opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=1000)
-    hooks = StepHooks(backend, opts, start_step=0, total=10, sync_every=3, timing_warmup=1,
-                      preemption=types.SimpleNamespace(signalled=None), watchdog=None)
+    hooks = StepHooks(run_context(backend, opts, steps=10, sync_every=3, warm=1), start_step=0,
+                      preemption=types.SimpleNamespace(signalled=None), watchdog=None)  # type: ignore[arg-type]
     hooks.evaluator = FakeEvaluator(clock)
     hooks.start_clock()
     synced_at = []

@@ -1,5 +1,6 @@
 """Did the input keep up: the record's ``input`` field and the report's input-wait column (no TensorFlow), then real
-runs where the input is made slow (``--slow-input``) or the host pauses between steps (``--pause-between-steps``).
+runs where the input is made slow or the host pauses between steps (the test aids tests/aids/slow_input_aid.py and
+tests/aids/pause_aid.py).
 
 What the real runs check is what docs/measurement.md says the two methods measure: the custom loop times the fetch
 of the batch and nothing else (a host pause between steps is not in it), Keras fit's "input + between steps"
@@ -16,11 +17,11 @@ import pytest
 
 from common import report
 from common.report.summary import input_text
-from tests.conftest import backend_cmd, only_result, run
+from tests.conftest import backend_cmd, base_env, only_result, pause_vars, run, slow_input_vars
 from tests.test_report import make_run
 
-SLOW = 0.05  # s each batch waits in the input pipeline with --slow-input
-PAUSE = 0.03  # s the host sleeps after each step with --pause-between-steps (test_backends' clock test: the same)
+SLOW = 0.05  # s each batch waits in the input pipeline (slow_input_vars)
+PAUSE = 0.03  # s the host sleeps after each step (pause_vars; test_backends' clock test: the same)
 
 
 def _input(method: str | None, fraction: float, kept_up: bool | None, bound: str | None = None) -> dict:
@@ -60,8 +61,8 @@ def test_report_shows_the_input_wait_per_row():
 
 
 # -- real runs (one process each, CPU) ---------------------------------------------------------------------
-def _run(tmp_path: Path, kind: str, *extra: str) -> dict:
-    run(backend_cmd(kind, tmp_path, *extra, workers=1))
+def _run(tmp_path: Path, kind: str, *extra: str, env: dict[str, str] | None = None) -> dict:
+    run(backend_cmd(kind, tmp_path, *extra, workers=1), env={**base_env(), **(env or {})})
     return _one_rank(only_result(tmp_path))
 
 
@@ -76,7 +77,7 @@ def _per_step(rec: dict) -> float:
 
 @pytest.mark.parametrize("kind", ["native", "horovod"])
 def test_slow_input_is_highly_input_bound(tmp_path, kind):
-    rec = _run(tmp_path, kind, "--set", "mode=ctl", "--slow-input", str(SLOW))
+    rec = _run(tmp_path, kind, "--set", "mode=ctl", env=slow_input_vars(SLOW))
     inp = rec["input"]
     assert inp["method"] == "fetch" and inp["measures"] == "time waiting for the next batch"
     assert inp["kept_up"] is False and inp["input_bound"] == "highly" and inp["wait_fraction"] > 0.5
@@ -98,8 +99,8 @@ def test_a_compute_bound_step_kept_up(tmp_path):
 def test_fetch_excludes_and_gap_includes_time_between_steps(runner):
     """A host pause after every step: not in the custom loop's fetch time, all in fit's "input + between steps"."""
     # the session's runs (tests/test_backends.py::test_clock_counts_time_between_steps times the same ones)
-    ctl = _one_rank(runner("native", "--set", "mode=ctl", "--pause-between-steps", str(PAUSE), workers=1))
-    fit = _one_rank(runner("native", "--set", "mode=fit", "--pause-between-steps", str(PAUSE), workers=1))
+    ctl = _one_rank(runner("native", "--set", "mode=ctl", workers=1, env=pause_vars(PAUSE)))
+    fit = _one_rank(runner("native", "--set", "mode=fit", workers=1, env=pause_vars(PAUSE)))
     assert _per_step(ctl) < PAUSE / 3, ctl["input"]
     assert fit["input"]["method"] == "gap" and fit["input"]["measures"] == "input + between steps"
     assert PAUSE <= _per_step(fit) <= fit["step_time"]["mean"], fit["input"]

@@ -13,7 +13,7 @@ from common.training import loops, observe
 from common.training.reliability import Preemption
 from common.training.runconfig import RunOptions
 from tests.conftest import PY, SMOKE, backend_cmd, base_env, only_result, run
-from tests.test_clock import FakeBackend, FakeClock
+from tests.test_clock import FakeBackend, FakeClock, run_context
 
 # ReFrame's hpctestlib/ml/tensorflow/horovod.py (tensorflow_cnn_check), with its literal "GPU" as the device word
 # Horovod's benchmark prints: "CPU" on a CPU (as Horovod's own benchmark does with --no-cuda).
@@ -64,7 +64,7 @@ def drive(monkeypatch, steps: int, step_s: float, *, every: float, verbose: bool
     backend = backend or FakeBackend()
     opts = RunOptions(t_process_start=0.0, command=(), verbose=verbose, progress_seconds=every,
                       profile_steps=profile, results_dir=results)
-    hooks = loops.StepHooks(backend, opts, 0, steps, 25, 2, Preemption(), None, global_batch=64)  # type: ignore
+    hooks = loops.StepHooks(run_context(backend, opts, steps, 25, 2, images_per_step=64), 0, Preemption(), None)
     backend.hooks = hooks
     hooks.start_clock()
     while hooks.global_step < steps:

@@ -28,7 +28,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.cluster import machine
 from common.core import results as res
@@ -36,10 +36,12 @@ from common.core.contract import Backend
 from common.core.errors import UsageError
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord
 from common.training.context import Plan, RunContext
-from common.training.objective import lr_at_step, replica_objective
+from common.training.objective import lr_at_step, mean_over_ranks, recorded_loss, replica_objective
 from common.training.runconfig import RunOptions
-from common.workload import data as data_mod
 from common.workload.job import Job
+
+if TYPE_CHECKING:
+    from common.training.train import Built
 
 STAMPS = 5  # t0..t4 per step
 METHOD = ("phases serialized inside one tf.function per step, tf.timestamp() at each boundary; no overlap of "
@@ -127,12 +129,12 @@ def run_breakdown(job: Job, backend: Backend, opts: RunOptions) -> BreakdownReco
 def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any) -> BreakdownRecord | None:
     from common.training import train
 
-    built = train.build(RunContext(job, backend, opts, plan))
-    dataset = backend.make_dataset(
-        lambda index, count, per: data_mod.make_train_dataset(job, plan.global_batch, index, count, per, 0))
+    ctx = RunContext(job, backend, opts, plan)
+    built = train.build(ctx)
+    dataset = backend.make_dataset(train.training_input(ctx, 0))
     backend.before_training(built.model)
     warm = min(max(job.warmup_interval, 1), plan.total_steps - 1)  # step `warm - 1` ends the untimed part
-    stamps, losses, marks = _loop(job, backend, built.model, built.optimizer, dataset, plan, warm, watchdog)
+    stamps, losses, marks = _loop(ctx, built, dataset, warm, watchdog)
     wall = next(t for d, t in marks if d == warm)
     mine = {"host": res.hostname(), "phases": step_phases(stamps, warm), "wall": marks[-1][1] - wall,
             "losses": losses, "machine": machine.rank_machine(opts.iface)}
@@ -148,7 +150,7 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any
         num_workers=backend.num_workers, job_hash=job.job_hash, job=job.to_dict(),
         global_batch_size=plan.global_batch, steps=plan.total_steps, timed_steps=plan.total_steps - warm,
         warmup_steps=warm, **figures, per_rank_step_phases=[r["phases"] for r in everyone],
-        step_losses=[sum(r["losses"][i] for r in everyone) / len(everyone) for i in range(plan.total_steps)],
+        step_losses=[mean_over_ranks([r["losses"][i] for r in everyone]) for i in range(plan.total_steps)],
         trainable_params=n_params, gradient_bytes=backend.capabilities().gradient_bytes(n_params),
         versions=res.versions(),
         hosts=[r["host"] for r in everyone], command=list(opts.command),
@@ -163,15 +165,17 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any
     return rec
 
 
-def _loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any, plan: Plan, warm: int,
+def _loop(ctx: RunContext, built: Built, dataset: Any, warm: int,
           watchdog: Any) -> tuple[list[list[float]], list[float], list[tuple[int, float]]]:
     """Run every step; the host reads the device's stamps every sync_every_steps (and after step 1, at the end
     of the warm-up and after the last step), as a benchmark syncs. Returns stamps, losses and clock marks."""
     import tensorflow as tf
 
+    job, backend, plan = ctx.job, ctx.backend, ctx.plan
+    model, optimizer = built.model, built.optimizer
     every = job.sync_interval
     ring = tf.Variable(tf.zeros([every, STAMPS + 1], tf.float64), trainable=False, name="twinbench_breakdown")
-    step = _make_step(job, backend, model, optimizer, plan, iter(dataset), ring)
+    step = _make_step(ctx, built, iter(dataset), ring)
     stamps: list[list[float]] = []
     losses: list[float] = []
     marks = [(0, time.perf_counter())]
@@ -193,12 +197,13 @@ def _loop(job: Job, backend: Backend, model: Any, optimizer: Any, dataset: Any, 
     return stamps, losses, marks
 
 
-def _make_step(job: Job, backend: Backend, model: Any, optimizer: Any, plan: Plan, iterator: Any,
-               ring: Any) -> Any:
+def _make_step(ctx: RunContext, built: Built, iterator: Any, ring: Any) -> Any:
     """The one tf.function per step: [t0, t1, t2, t3, t4, loss] of step ``i`` written at slot i % ring size."""
     import tensorflow as tf
 
-    forward = _forward(job, model, plan)
+    job, backend, replicas = ctx.job, ctx.backend, ctx.plan.replicas
+    model, optimizer = built.model, built.optimizer
+    forward = _forward(job, model, ctx.plan)
     mixed, variables = job.mixed_precision, model.trainable_variables
     phases = backend.phases()
     assert not isinstance(phases, str), phases  # run_breakdown refused such a backend
@@ -218,7 +223,7 @@ def _make_step(job: Job, backend: Backend, model: Any, optimizer: Any, plan: Pla
         update = phases.apply_local(optimizer, list(zip(_after(t3, reduced), variables)))
         with tf.control_dependencies(_ops(update)):
             t4 = _stamp_after([tf.identity(v) for v in variables])  # the updated values, read back
-        return tf.stack([t1, t2, t3, t4, tf.cast(loss, tf.float64) * plan.replicas])  # loss: this replica's mean
+        return tf.stack([t1, t2, t3, t4, recorded_loss(tf.cast(loss, tf.float64), replicas)])
 
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_breakdown_step")
 

@@ -14,11 +14,16 @@ from common.workload.job import Job
 class Plan:
     """The run's derived sizes: what the chief prints at start and both loops follow."""
 
-    global_batch: int
+    per_replica_batch: int  # the job's per_replica_batch_size: the global batch is made of these
     learning_rate: float  # scaled for the replica count (job.lr_scaling)
     steps_per_epoch: int
     total_steps: int
     replicas: int
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per step over all replicas (what the objective divides by and the data is cut into)."""
+        return self.per_replica_batch * self.replicas
 
 
 @dataclass(frozen=True)

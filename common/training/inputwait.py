@@ -137,15 +137,3 @@ def summarise(per_rank: list[dict[str, Any]], timed_walls: list[float],
         bound = "no" if kept_up else "highly" if fraction >= HIGHLY_INPUT_BOUND_FRACTION else "moderately"
     return {"method": method, "measures": MEASURES[method], "wait_seconds_per_rank": waits,
             "wait_fraction": fraction, "threshold": threshold, "kept_up": kept_up, "input_bound": bound}
-
-
-def slowed(dataset: Any, seconds: float) -> Any:
-    """Testing aid (``--slow-input``): every batch of ``dataset`` becomes available ``seconds`` later (a sleep in
-    the consumer's fetch, after the prefetch buffer), so the step waits for it; ``dataset`` itself when 0."""
-    if seconds <= 0:
-        return dataset
-    # tf.data's own sleep transformation (C++, no Python in the pipeline: a Python function there can deadlock
-    # the interpreter's exit); internal, hence imported only for this testing aid.
-    from tensorflow.python.data.experimental.ops import testing
-
-    return dataset.apply(testing.sleep(int(seconds * 1e6)))

@@ -14,13 +14,12 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.core.contract import Backend, Warmup
+from common.core.contract import Warmup
 from common.training import inputwait
 from common.training import reliability as rel
-from common.training.context import Plan, RunContext
-from common.training.objective import lr_at_step, replica_objective
-from common.training.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS, RunOptions
-from common.workload.job import Job
+from common.training.context import RunContext
+from common.training.objective import lr_at_step, mean_over_ranks, recorded_loss, replica_objective
+from common.training.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS
 
 
 @dataclass
@@ -42,14 +41,13 @@ class StepHooks:
     evaluation runs right after that sync's mark, and its duration is added to ``excluded``, which every later mark
     subtracts (``now``): the marks are a training clock, evaluation removed exactly, and each window's wall time
     everything else. ``evaluations`` get their ``wall_time`` on the real clock (since ``start_clock``).
+
+    The run's fixed facts (backend, options, schedule, sizes) are read from ``ctx``; the fields are this run's own
+    and what changes while it runs.
     """
 
-    backend: Backend
-    opts: RunOptions
+    ctx: RunContext
     start_step: int  # global steps already done (a resumed run)
-    total: int  # global steps the job runs
-    sync_every: int  # job.sync_every_steps
-    timing_warmup: int  # job.timing_warmup_steps
     preemption: rel.Preemption
     watchdog: rel.Watchdog | None
     dispatched: int = 0  # steps of this run handed to the runtime so far
@@ -61,8 +59,6 @@ class StepHooks:
     _last_check: int = 0  # steps done at the last agreement
     _last_check_time: float = 0.0
     _check_every: int = 0  # steps between agreements (0 until the clock starts)
-    global_batch: int = 0  # images per step: the progress line's images/s (0: steps/s only)
-    label: str = ""  # <backend>-<mode>-n<replicas>: names this run's profile directory
     trace: Any = None  # common.training.observe.Trace under --profile-steps
     progress: Any = None  # common.training.observe.Progress on a verbose chief
     evaluator: Any = None  # common.training.evaluate.Evaluator when the job has validation data
@@ -70,23 +66,17 @@ class StepHooks:
     excluded: float = 0.0  # seconds of evaluation so far: subtracted from every later clock mark
     t0: float = 0.0  # perf_counter at start_clock: evaluations' wall_time counts from here, evaluations included
 
-    @classmethod
-    def for_run(cls, ctx: RunContext, start_step: int, preemption: rel.Preemption,
-                watchdog: rel.Watchdog | None) -> StepHooks:
-        """The hooks of one run, its schedule taken from the job and the plan."""
-        return cls(ctx.backend, ctx.opts, start_step, ctx.plan.total_steps, ctx.job.sync_interval,
-                   ctx.job.warmup_interval, preemption, watchdog, global_batch=ctx.plan.global_batch, label=ctx.label)
-
     def __post_init__(self) -> None:
         from common.training import observe
 
-        if self.opts.verbose and self.backend.is_chief and self.opts.progress_seconds > 0:
-            self.progress = observe.Progress(self.opts.progress_seconds, self.global_batch, self.total,
+        opts, plan = self.ctx.opts, self.ctx.plan
+        if self.ctx.verbose and opts.progress_seconds > 0:
+            self.progress = observe.Progress(opts.progress_seconds, plan.global_batch, plan.total_steps,
                                              self.start_step)
-        if self.opts.profile_steps is not None and self.opts.results_dir:
+        if opts.profile_steps is not None and opts.results_dir:
             # a collective (the run id): every rank builds its hooks at the same point, before the first step
-            self.trace = observe.Trace.create(self.backend, self.opts.results_dir, self.label or self.backend.name,
-                                              self.opts.profile_steps, self.start_step)
+            self.trace = observe.Trace.create(self.ctx.backend, opts.results_dir, self.ctx.label, opts.profile_steps,
+                                              self.start_step)
 
     @property
     def global_step(self) -> int:
@@ -95,14 +85,14 @@ class StepHooks:
 
     @property
     def run_steps(self) -> int:
-        return self.total - self.start_step
+        return self.ctx.plan.total_steps - self.start_step
 
     @property
     def warm(self) -> int:
         """Untimed first steps of this run: at least one step is always timed. Profiled steps are never timed: the
         timed window starts after the last of them."""
         traced = self.trace.end if self.trace is not None else 0
-        return min(max(self.timing_warmup, traced), max(self.run_steps - 1, 0))
+        return min(max(self.ctx.job.warmup_interval, traced), max(self.run_steps - 1, 0))
 
     @property
     def check_every(self) -> int:
@@ -111,12 +101,13 @@ class StepHooks:
 
     def _next_check_every(self, seconds_per_step: float) -> int:
         """About PREEMPT_CHECK_SECONDS of steps, in whole sync intervals (so the agreement rides on a sync)."""
-        if self.opts.preempt_check_steps:
-            return self.opts.preempt_check_steps
+        every = self.ctx.job.sync_interval
+        if self.ctx.opts.preempt_check_steps:
+            return self.ctx.opts.preempt_check_steps
         if not seconds_per_step > 0:
-            return max(self.sync_every, PREEMPT_CHECK_STEPS)
-        syncs = math.ceil(PREEMPT_CHECK_SECONDS / seconds_per_step / self.sync_every)
-        return max(syncs, 1) * self.sync_every
+            return max(every, PREEMPT_CHECK_STEPS)
+        syncs = math.ceil(PREEMPT_CHECK_SECONDS / seconds_per_step / every)
+        return max(syncs, 1) * every
 
     @property
     def synced(self) -> int:
@@ -131,26 +122,29 @@ class StepHooks:
         self.marks.append((0, self.now()))
         self._last_check_time = self.marks[0][1]
         # until the first agreement measures the step time: every PREEMPT_CHECK_STEPS steps, at syncs
-        self._check_every = self.opts.preempt_check_steps or max(self.sync_every, PREEMPT_CHECK_STEPS)
+        self._check_every = self.ctx.opts.preempt_check_steps or max(self.ctx.job.sync_interval,
+                                                                      PREEMPT_CHECK_STEPS)
 
     def now(self) -> float:
         """The training clock: perf_counter without the evaluations so far."""
         return time.perf_counter() - self.excluded
 
-    def between_steps(self) -> None:
-        if self.opts.pause_between_steps:
-            time.sleep(self.opts.pause_between_steps)  # testing aid: work between steps the clock must count
+    def step_ended(self, dispatched: int) -> bool:
+        """After each execution is handed over, in both modes: ``dispatched`` steps of this run so far; True when
+        the host must sync now (``sync_due``). Anything done here is between two steps, inside the timed window."""
+        self.dispatched = dispatched
+        return self.sync_due()
 
     def sync_due(self) -> bool:
         """Must the host wait for the device now (after ``dispatched`` steps)? Same answer on every rank."""
-        d, last = self.dispatched, self.synced
+        d, last, every, opts = self.dispatched, self.synced, self.ctx.job.sync_interval, self.ctx.opts
 
         def crossed(step: int) -> bool:
             return last < step <= d
 
         # an explicit --preempt-check-steps may ask for agreements between the regular syncs
-        asked = self.opts.preempt_check_steps and d - self._last_check >= self.opts.preempt_check_steps
-        return bool(last == 0 or d >= self.run_steps or d % self.sync_every == 0 or crossed(self.warm) or asked
+        asked = opts.preempt_check_steps and d - self._last_check >= opts.preempt_check_steps
+        return bool(last == 0 or d >= self.run_steps or d % every == 0 or crossed(self.warm) or asked
                     or (self.trace is not None and self.trace.due(last, d))
                     or (self.evaluator is not None and self.evaluator.due(self.global_step)))
 
@@ -165,9 +159,9 @@ class StepHooks:
         done = self.global_step
         if self.first_step_done is None:
             self.first_step_done = time.time()
-            if self.opts.verbose and self.backend.is_chief:
-                print(f"[twinbench] first step done {self.first_step_done - self.opts.t_process_start:.1f} s after "
-                      "process start", flush=True)
+            if self.ctx.verbose:
+                since = self.first_step_done - self.ctx.opts.t_process_start
+                print(f"[twinbench] first step done {since:.1f} s after process start", flush=True)
         if self.watchdog is not None:
             self.watchdog.progress(f"step {done}")
         if self.progress is not None:
@@ -200,9 +194,10 @@ class StepHooks:
         per_step = (now - self._last_check_time) / max(self.dispatched - self._last_check, 1)
         # Every rank agrees at the same steps, so all stop after the same step even if only some got the signal.
         # After this rank's mark: its cost is in the next window's wall time like any other work of the harness.
-        flags, seconds = self.backend.allsum([1.0 if self.preemption.signalled is not None else 0.0, per_step])
+        backend = self.ctx.backend
+        flags, seconds = backend.allsum([1.0 if self.preemption.signalled is not None else 0.0, per_step])
         self._last_check, self._last_check_time = self.dispatched, now
-        self._check_every = self._next_check_every(seconds / self.backend.num_workers)  # same sum on every rank
+        self._check_every = self._next_check_every(seconds / backend.num_workers)  # same sum on every rank
         if flags > 0:
             self.stopped_at = self.global_step
             return True
@@ -218,7 +213,7 @@ class LossRing:
     """Each step's loss written on the device into a ring of ``size`` slots; the host reads a block per sync.
 
     ``size`` >= the steps between two syncs (``sync_every``), so no slot is overwritten before it is read. One row
-    per local replica: the host averages them in float64, as the per-step read always did.
+    per local replica: the host averages them in float64 (``mean_over_ranks``).
     """
 
     def __init__(self, size: int, local_replicas: int) -> None:
@@ -240,7 +235,7 @@ class LossRing:
     def read(self, first: int, stop: int) -> list[float]:
         """Losses of run steps [first, stop), each the mean over local replicas; waits for those steps."""
         block = self.values.numpy()  # the one host <-> device sync of this block
-        return [float(sum(float(v) for v in block[i % self.size]) / block.shape[1]) for i in range(first, stop)]
+        return [mean_over_ranks([float(v) for v in block[i % self.size]]) for i in range(first, stop)]
 
 
 # -- Keras fit ----------------------------------------------------------------------------------------------
@@ -262,9 +257,8 @@ def _fit_callback_classes() -> Any:
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             hooks = self.hooks
-            hooks.dispatched = self.epoch_start + batch + 1  # batch: index of the execution's last step
-            hooks.between_steps()
-            if hooks.sync_due() and hooks.sync(self.ring.read(hooks.synced, hooks.dispatched)):
+            done = self.epoch_start + batch + 1  # batch: index of the execution's last step
+            if hooks.step_ended(done) and hooks.sync(self.ring.read(hooks.synced, done)):
                 self.model.stop_training = True  # `steps` may end mid-epoch; preemption ends it anywhere
 
     class WarmupLR(tf.keras.callbacks.Callback):
@@ -307,7 +301,7 @@ def twin_model_class() -> Any:
             update = self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
             logs = self.compute_metrics(x, y, y_pred, None)
             # Under a strategy Keras divided this replica's loss by the replica count; undo it for the record.
-            step_loss = loss * tf.cast(tf.distribute.get_strategy().num_replicas_in_sync, loss.dtype)
+            step_loss = recorded_loss(loss, tf.cast(tf.distribute.get_strategy().num_replicas_in_sync, loss.dtype))
             if self.local_replicas > 1:
                 # Keras returns only the first local replica's value; average them (in-process) first.
                 step_loss = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, step_loss)
@@ -349,7 +343,7 @@ def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
     callbacks, warmup_handled = backend.fit_callbacks(offer)
     if job.warmup_epochs and not warmup_handled:
         callbacks.append(WarmupLR(hooks, plan.learning_rate, plan.steps_per_epoch, plan.replicas, job.warmup_epochs))
-    ring = LossRing(hooks.sync_every, 1)
+    ring = LossRing(job.sync_interval, 1)
     model.loss_ring = types.SimpleNamespace(ring=ring)
     hooks.input_clock = clock = inputwait.InputClock("gap", hooks.warm)
     model.input_clock = types.SimpleNamespace(clock=clock)
@@ -360,13 +354,14 @@ def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
 
 
 # -- custom loop --------------------------------------------------------------------------------------------
-def _ctl_step_fn(job: Job, backend: Backend, model: Any, optimizer: Any, plan: Plan) -> Any:
+def _ctl_step_fn(ctx: RunContext, model: Any, optimizer: Any) -> Any:
     """One replica's step: forward, loss scaled by the global batch, gradients through the backend's tape."""
     import tensorflow as tf
 
+    job, backend = ctx.job, ctx.backend
     mixed = job.mixed_precision
-    replicas = plan.replicas
-    forward = replica_objective(job, model, plan.global_batch, replicas)
+    replicas = ctx.plan.replicas
+    forward = replica_objective(job, model, ctx.plan.global_batch, replicas)
 
     if job.xla:  # compile the collective-free part only: Horovod's allreduce is not an XLA op
         forward = tf.function(forward, jit_compile=True)
@@ -379,7 +374,7 @@ def _ctl_step_fn(job: Job, backend: Backend, model: Any, optimizer: Any, plan: P
         if mixed:
             grads = optimizer.get_unscaled_gradients(grads)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss * replicas  # this replica's own mean loss (+ regularisation)
+        return recorded_loss(loss, replicas)
 
     return step_fn
 
@@ -389,9 +384,9 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
     import tensorflow as tf
 
     job, backend, plan = ctx.job, ctx.backend, ctx.plan
-    step_fn = _ctl_step_fn(job, backend, model, optimizer, plan)
+    step_fn = _ctl_step_fn(ctx, model, optimizer)
     iterator = iter(dataset)
-    ring = LossRing(hooks.sync_every, backend.info.replicas_per_worker)
+    ring = LossRing(job.sync_interval, backend.info.replicas_per_worker)
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_run_step")
     hooks.input_clock = clock = inputwait.InputClock("fetch", hooks.warm)
 
@@ -406,16 +401,14 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
     lr_var = optimizer.lr
     spe = plan.steps_per_epoch
     hooks.start_clock()
-    while hooks.global_step < hooks.total:
+    while hooks.global_step < plan.total_steps:
         new_lr = lr_at_step(hooks.global_step, plan.learning_rate, spe, plan.replicas, job.warmup_epochs)
         if new_lr is not None:
             tf.keras.backend.set_value(lr_var, new_lr)
         train_step()  # not waited for: the host reads the device only at a sync
-        hooks.dispatched += 1
-        if hooks.dispatched == 1:
+        if hooks.dispatched == 0:
             backend.after_first_step(model, optimizer)
-        hooks.between_steps()
-        if not hooks.sync_due():
+        if not hooks.step_ended(hooks.dispatched + 1):
             continue
         if hooks.sync(ring.read(hooks.synced, hooks.dispatched)):  # progress lines: StepHooks.sync
             break

@@ -18,7 +18,7 @@ or ``"package.module:function"``, a per-example loss ``fn(y_true, y_pred) -> [ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -117,6 +117,21 @@ def replica_objective(job: Job, model: Any, global_batch: int, replicas: int) ->
         return loss
 
     return objective
+
+
+def recorded_loss(share: Any, replicas: Any) -> Any:
+    """The inverse of the scaling above, for the record: this replica's own mean loss (+ regularisation) from its
+    ``share`` of the objective. Dividing by the global batch (= per-replica batch x ``replicas``) and the
+    regularisation by ``replicas`` are both undone by one multiplication by ``replicas``. The loop picks the dtypes
+    (a Python int, or a tensor cast to the loss' dtype; the share cast first where the record is float64), so the
+    recorded values stay exactly what each loop computed."""
+    return share * replicas
+
+
+def mean_over_ranks(losses: Sequence[float]) -> float:
+    """One step's loss over the whole global batch from each rank's (or local replica's) mean loss: every replica
+    has the same batch size, so the mean of their means is the global mean. Summed in rank order in float64."""
+    return sum(losses) / len(losses)
 
 
 def warmup_multiplier(epoch: float, steps_per_epoch: int, replicas: int, warmup_epochs: int) -> float:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.workload.job import job_from_dict
+
 PROFILE_DIR = "profile"
 TENSORBOARD_DIR = "tensorboard"
 TIMELINE_FILE = "horovod_timeline.json"
@@ -206,7 +208,7 @@ def summary_lines(rec: Mapping[str, Any]) -> list[str]:
     std = math.sqrt(sum(k * (r - mean) ** 2 for k, r in rates) / weight) if weight else 0.0
     conf = CONF_Z * std
     dev = device_word(rec.get("devices"))
-    batch = (rec.get("job") or {}).get("per_replica_batch_size", gb // max(n, 1))
+    batch = job_from_dict(rec.get("job") or {}).per_replica_batch_size  # the job defines it (its default if unset)
     return [
         f"Model: {(rec.get('job') or {}).get('model', '?')}",
         f"Batch size: {batch}",

@@ -32,9 +32,6 @@ class RunOptions:
     peer_timeout: float = PEER_TIMEOUT  # see common.training.reliability
     stall_timeout: float = STALL_TIMEOUT  # see common.training.reliability
     preempt_check_steps: int = 0  # agree on a pending SIGTERM/SIGUSR1 every N steps (0: about once a second)
-    pause_between_steps: float = 0.0  # testing aid: host sleep (s) after each step, which the clock must count
-    # testing aid: each batch sleeps (s) in the input pipeline (common.training.inputwait.slowed)
-    slow_input: float = 0.0
     resume_from: str | None = None  # explicit checkpoint dir (default: this run's own in the results dir)
     bench: BenchOptions | None = None  # run a microbenchmark instead of the job
     profile_steps: tuple[int, int] | None = None  # --profile-steps A:B (global, 1-based, inclusive); None = no trace

@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,12 +128,10 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     job, backend, opts, plan = ctx.job, ctx.backend, ctx.opts, ctx.plan
     built = build(ctx)
     resume = find_resume(ctx, built)
-    dataset = backend.make_dataset(
-        lambda index, count, per: inputwait.slowed(data_mod.make_train_dataset(
-            job, plan.global_batch, index, count, per, resume.start_step), opts.slow_input))
+    dataset = backend.make_dataset(training_input(ctx, resume.start_step))
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
-    hooks = StepHooks.for_run(ctx, resume.start_step, preemption, watchdog)
+    hooks = StepHooks(ctx, resume.start_step, preemption, watchdog)
     own_loop = backend.train_loop()
     if own_loop is None:  # the shared loops evaluate; a backend's own (parameter servers) does not
         hooks.evaluator = evaluate.make_evaluator(job, built.model, backend, plan.steps_per_epoch, plan.total_steps)
@@ -168,9 +166,22 @@ def make_plan(job: Job, backend: Backend) -> Plan:
     if spe % per_exec or total % per_exec:
         raise UsageError(f"{spe} steps per epoch and {total} steps at {replicas} replicas must be multiples of "
                          f"steps_per_execution = {per_exec} (the host sees the device only between executions)")
+    plan = Plan(job.per_replica_batch_size, job.scaled_learning_rate(replicas), spe, total, replicas)
     # before the model is built (ResNet-50 takes a while): files-mode sharding needs a shard per input pipeline
-    data_mod.check_sharding(job, job.global_batch_size(replicas), backend.num_workers)
-    return Plan(job.global_batch_size(replicas), job.scaled_learning_rate(replicas), spe, total, replicas)
+    data_mod.check_sharding(job, plan.global_batch, backend.num_workers)
+    return plan
+
+
+def training_input(ctx: RunContext, start_step: int) -> Callable[[int, int, int], Any]:
+    """The dataset function ``backend.make_dataset`` calls per input pipeline: the job's training data from global
+    step ``start_step``, cut by the plan's batch sizes."""
+    job, plan = ctx.job, ctx.plan
+
+    def dataset_fn(index: int, count: int, per: int) -> Any:
+        return data_mod.make_train_dataset(job, plan.global_batch, index, count, per, start_step,
+                                           per_replica_batch=plan.per_replica_batch)
+
+    return dataset_fn
 
 
 def announce(ctx: RunContext) -> None:
@@ -186,7 +197,7 @@ def announce(ctx: RunContext) -> None:
     print(f"[twinbench] job {job.name!r} hash {job.job_hash} | backend {backend.name} | mode {job.mode} | "
           f"{info.num_workers} worker(s) x {info.replicas_per_worker} replica(s) = {replicas} replicas", flush=True)
     warm = f", warm-up {job.warmup_epochs} epoch(s) from {lr / replicas:g}" if job.warmup_epochs else ""
-    print(f"[twinbench] global batch {plan.global_batch} = {job.per_replica_batch_size} per replica x {replicas}; "
+    print(f"[twinbench] global batch {plan.global_batch} = {plan.per_replica_batch} per replica x {replicas}; "
           f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}); "
           f"{plan.total_steps} steps, {plan.steps_per_epoch} steps/epoch, dataset {job.dataset} ({n_samples} "
           f"samples); host syncs every {job.sync_interval} steps", flush=True)
@@ -294,7 +305,7 @@ def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init
     prev_rank_losses = resume.previous.get("per_rank_step_losses") or [[] for _ in everyone]
     per_rank_losses = [p + r["losses"] for p, r in zip(prev_rank_losses, everyone)]
     steps_done = min(len(r) for r in per_rank_losses)
-    step_losses = [sum(r[i] for r in per_rank_losses) / len(per_rank_losses) for i in range(steps_done)]
+    step_losses = [objective.mean_over_ranks([r[i] for r in per_rank_losses]) for i in range(steps_done)]
     evaluations = list(resume.previous.get("evaluations") or []) + everyone[0]["evaluations"]
     return Gathered(everyone, per_rank_losses, step_losses, init_digest, evaluations)
 

@@ -92,27 +92,32 @@ def label_sample(job: Job) -> np.ndarray:
 # Public: the sharded training pipeline
 # ----------------------------------------------------------------------------------------------------------------
 def shard_geometry(global_batch_size: int, pipeline_index: int, num_pipelines: int,
-                   replicas_per_pipeline: int = 1) -> tuple[int, int, int]:
-    """(per-replica batch b, first and one-past-last position of this pipeline's slots in a global batch)."""
+                   replicas_per_pipeline: int = 1, per_replica_batch: int | None = None) -> tuple[int, int, int]:
+    """(per-replica batch b, first and one-past-last position of this pipeline's slots in a global batch).
+
+    ``per_replica_batch``: b as the run's plan defines it (the global batch is made of b per replica), checked
+    against ``global_batch_size``; without it (a caller that knows only the global batch) b is its share."""
     if num_pipelines < 1 or replicas_per_pipeline < 1:
         raise DataError(f"num_pipelines ({num_pipelines}) and replicas_per_pipeline ({replicas_per_pipeline}) "
                         "must be >= 1")
     if not 0 <= pipeline_index < num_pipelines:
         raise DataError(f"pipeline_index {pipeline_index} is not in [0, {num_pipelines})")
     replicas = num_pipelines * replicas_per_pipeline
-    if global_batch_size < 1 or global_batch_size % replicas:
+    b = global_batch_size // replicas if per_replica_batch is None else per_replica_batch
+    if global_batch_size < 1 or b < 1 or b * replicas != global_batch_size:
         raise DataError(f"global batch size {global_batch_size} is not a positive multiple of the {replicas} "
                         f"replicas ({num_pipelines} pipelines x {replicas_per_pipeline} replicas each)")
-    b = global_batch_size // replicas
     lo = pipeline_index * replicas_per_pipeline * b
     return b, lo, lo + replicas_per_pipeline * b
 
 
 def make_train_dataset(job: Job, global_batch_size: int, pipeline_index: int, num_pipelines: int,
-                       replicas_per_pipeline: int = 1, start_step: int = 0) -> tf.data.Dataset:
+                       replicas_per_pipeline: int = 1, start_step: int = 0, *,
+                       per_replica_batch: int | None = None) -> tf.data.Dataset:
     """Infinite per-replica batches (images float32 [b,H,W,C] in [0,1], labels int32 [b]) of one input pipeline.
 
-    b = global_batch_size // (num_pipelines * replicas_per_pipeline). Rule, identical on every rank and backend:
+    b = per_replica_batch (the run's plan), else global_batch_size // (num_pipelines * replicas_per_pipeline).
+    Rule, identical on every rank and backend:
     the n training samples are shuffled as a whole (buffer n, seed job.seed, a new order every epoch), the last
     incomplete global batch is dropped, and global batch k (G = global_batch_size consecutive samples) is split
     into G/b replica slots in order; this pipeline yields its replicas_per_pipeline consecutive slots of global
@@ -133,7 +138,8 @@ def make_train_dataset(job: Job, global_batch_size: int, pipeline_index: int, nu
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
-    b, lo, hi = shard_geometry(global_batch_size, pipeline_index, num_pipelines, replicas_per_pipeline)
+    b, lo, hi = shard_geometry(global_batch_size, pipeline_index, num_pipelines, replicas_per_pipeline,
+                               per_replica_batch)
     # tf.data derives the shuffle seeds from (global seed, op seed): pin both so all ranks agree.
     seeds = tf.compat.v1.get_seed(job.seed)
     if seeds[0] != job.seed % (2**31 - 1):
@@ -172,6 +178,11 @@ class _Slots:
     hi: int
     replicas: int  # replicas fed by this pipeline
     start_step: int  # global batches already consumed (resume)
+
+    @property
+    def per_step(self) -> int:
+        """Samples this pipeline feeds per global step: b for each of its replicas."""
+        return self.b * self.replicas
 
 
 def _global_slots(tf: Any, job: Job, n: int, s: _Slots) -> tf.data.Dataset:
@@ -231,13 +242,17 @@ def check_sharding(job: Job, global_batch_size: int, num_pipelines: int) -> None
     spec = DATASETS.get(job.dataset)  # None: a user dataset, always the exact rule
     if spec is None or spec.records is None or job.tfrecord_sharding != "files":
         return
-    index = spec.records(job)
+    _, lo, hi = shard_geometry(global_batch_size, 0, num_pipelines)  # one pipeline's share of a global step
+    _check_files_mode(job, spec.records(job), num_pipelines, hi - lo)
+
+
+def _check_files_mode(job: Job, index: tfrecord.RecordIndex, num_pipelines: int, step: int) -> None:
+    """``check_sharding`` once the geometry is known: ``step`` samples per pipeline and global step."""
     shards = len(index.paths)
     if shards < num_pipelines:
         raise DataUsageError(f"tfrecord: tfrecord_sharding = \"files\" needs a shard per input pipeline: {shards} "
                              f"shards for {num_pipelines} pipelines; use more shards, fewer workers or "
                              "tfrecord_sharding = \"exact\"")
-    step = global_batch_size // num_pipelines
     fewest, worst = min((int(index.counts[p::num_pipelines].sum()), p) for p in range(num_pipelines))
     if fewest < step:
         raise DataUsageError(f"tfrecord: pipeline {worst}'s shards hold {fewest} records, fewer than its {step} per "
@@ -249,9 +264,8 @@ def _tfrecord_stream(tf: Any, job: Job, index: tfrecord.RecordIndex, s: _Slots, 
     """Exact: the rule's index stream, each record read by offset. Files: this pipeline's shards, streamed."""
     _, shape, num_classes = dataset_info(job)
     if job.tfrecord_sharding == "files":
-        check_sharding(job, s.global_batch, num_pipelines)
-        ds = tfrecord.read_by_files(tf, index, pipeline_index, num_pipelines, job.seed,
-                                    s.start_step * s.b * s.replicas)
+        _check_files_mode(job, index, num_pipelines, s.per_step)
+        ds = tfrecord.read_by_files(tf, index, pipeline_index, num_pipelines, job.seed, s.start_step * s.per_step)
     else:
         ds = tfrecord.read_by_index(tf, index, _global_slots(tf, job, index.size, s).unbatch())
     decode = tfrecord.decoder(tf, shape, num_classes, job.tfrecord_label_offset)

@@ -23,7 +23,7 @@ def patch(hooks_class: Any, step: int) -> None:
 
     def signalling_sync(self: Any, losses: list[float]) -> bool:
         # once, in the run whose block contains that step: a resumed run (same command) starts past it
-        if self.start_step + self.synced < step <= self.global_step and self.backend.is_chief:
+        if self.start_step + self.synced < step <= self.global_step and self.ctx.backend.is_chief:
             os.kill(os.getpid(), signal.SIGTERM)  # handled before this sync's agreement reads the flag
         return sync(self, losses)
 
