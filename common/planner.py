@@ -121,7 +121,7 @@ def _stated(a: argparse.Namespace) -> Plan:
 
 def _measured_overlap(d: str, s: JobSummary, backend: str) -> tuple[float, str]:
     """The overlap a training run of ``backend`` achieved, from a breakdown record of the same job and size."""
-    steps = {r.world_size: r.step_p50 for r in s.rows if r.backend == backend and r.step_p50}
+    steps = {r.identity.world_size: r.steps.p50 for r in s.rows if r.identity.label == backend and r.steps.p50}
     for rec in reversed(load_breakdowns(d, warn=lambda m: None)):
         if rec.backend == backend and rec.job_hash == s.job_hash and rec.world_size >= 2 and rec.world_size in steps:
             ov = scaling.overlap_from_breakdown(rec.phases, steps[rec.world_size])

@@ -97,7 +97,7 @@ def test_loader_keeps_breakdowns_out_of_training_runs(tmp_path):
     write(tmp_path / "breakdown-native.json", synthetic("native", 2, 2.7))
     write(tmp_path / "run.json", benchmark_run("native", 2, 5e-3))
     warnings: list[str] = []
-    assert [r["kind"] for r in load_runs(tmp_path, warn=warnings.append)] == ["train"]
+    assert [r.record.kind for r in load_runs(tmp_path, warn=warnings.append)] == ["train"]
     assert [b.backend for b in load_breakdowns(tmp_path, warn=warnings.append)] == ["native"]
     assert warnings == []
 
@@ -107,8 +107,9 @@ def test_report_shows_the_bar_and_names_the_largest_difference(tmp_path):
         write(tmp_path / f"breakdown-{backend}-2.json", synthetic(backend, 2, comm))
         write(tmp_path / f"breakdown-{backend}-1.json", synthetic(backend, 1, 0.0))
     write(tmp_path / "native-2.json", benchmark_run("native", 2, 4.0e-3))
-    write(tmp_path / "allreduce.json", {"kind": "allreduce", "backend": "native", "world_size": 2, "rows": [
-        {"bytes": 4096, "time_median": 1.0e-3}, {"bytes": 16384, "time_median": 4.0e-3}]})
+    write(tmp_path / "allreduce.json", {"schema": 2, "kind": "allreduce", "backend": "native", "world_size": 2,
+                                        "rows": [{"bytes": 4096, "time_median": 1.0e-3},
+                                                 {"bytes": 16384, "time_median": 4.0e-3}]})
     rep = build_report(tmp_path, tmp_path / "out", warn=lambda m: None)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Step-time breakdown" in md and "DIAGNOSTIC" in md

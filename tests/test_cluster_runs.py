@@ -188,7 +188,7 @@ def test_sweep_runs_each_layout_and_the_report_keeps_1x2_and_2x1_apart(emu, resu
     size2 = {f"{b} {lay}": recs[b, lay] for b in ("native", "horovod") for lay in ("1x2", "2x1")}
     assert same_losses(size2) is None, same_losses(size2)
     [s] = summarize(load_set([sweep], warn=lambda _m: None))
-    rows = {(r.plain, r.world_size, r.layout) for r in s.rows}  # labels add "[2 nodes]"
+    rows = {(r.identity.plain, r.identity.world_size, r.identity.layout) for r in s.rows}  # labels add "[2 nodes]"
     assert rows == {(b, len(h), lay) for lay, h in SWEEP_LAYOUTS.items() for b in ("native", "horovod")}, rows
 
 

@@ -41,7 +41,7 @@ def test_report_shows_the_input_wait_per_row():
                      backend_info={"strategy": "parameter_server"}, run_id="g"),
             make_run("native", 4, 300.0, run_id="h")]  # an older file: no input field
     [s] = report.summarize(runs)
-    rows = {(r.backend, r.world_size): r for r in s.rows}
+    rows = {(r.identity.label, r.identity.world_size): r for r in s.rows}
     text = {k: input_text(r) for k, r in rows.items()}
     assert text[("native", 1)] == "0.5% kept up"  # median of 0.4% and 0.6%
     # a row is kept up only if every repeat was: one highly input-bound repeat decides (median share 13%)

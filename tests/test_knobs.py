@@ -19,7 +19,7 @@ from common.core.contract import Knob, tuning_record
 from common.report.summary import row_label
 from common.sweep import cli, plan, slurm
 from tests.conftest import SMOKE
-from tests.test_report import make_run, md_row, put
+from tests.test_report import make_run, md_row, put, record
 
 MIB = 1024 * 1024
 
@@ -158,17 +158,18 @@ def variant_runs(d: Path) -> None:
 def test_runs_with_other_knobs_get_rows_of_their_own(tmp_path):
     variant_runs(tmp_path / "r")
     (s,) = report.summarize(report.load_runs(tmp_path / "r"))
-    rows = {(r.backend, r.world_size): r for r in s.rows}
+    rows = {(r.identity.label, r.identity.world_size): r for r in s.rows}
     assert set(rows) == {("native", 1), ("native", 2), ("native (packs 32 MiB)", 2), ("horovod", 1), ("horovod", 2),
                          ("horovod (fusion 32 MiB)", 1), ("horovod (fusion 32 MiB)", 2)}
-    assert rows[("horovod", 2)].ips == [196.0, 204.0]  # the older file counts as default knobs
-    assert rows[("horovod (fusion 32 MiB)", 2)].ips == [230.0] and rows[("native", 2)].ips == [180.0]
+    assert rows[("horovod", 2)].throughput.ips == [196.0, 204.0]  # the older file counts as default knobs
+    assert rows[("horovod (fusion 32 MiB)", 2)].throughput.ips == [230.0]
+    assert rows[("native", 2)].throughput.ips == [180.0]
     # the backend ratio compares the defaults only; a variant's speedup is against its own 1-replica run
     assert {q.world_size: q.ratio for q in s.ratios} == pytest.approx({1: 1.1, 2: 200 / 180})
-    assert rows[("horovod (fusion 32 MiB)", 2)].speedup == pytest.approx(230 / 120)
+    assert rows[("horovod (fusion 32 MiB)", 2)].scaling.speedup == pytest.approx(230 / 120)
     assert any(n.startswith("horovod (fusion 32 MiB): rows of their own") for n in s.notes)
-    assert row_label(make_run("native", 2, 1.0, backend_info={"strategy": "MirroredStrategy"},
-                              tuning=native_tuning(32 * MIB))) == "native (mirrored, packs 32 MiB)"
+    assert row_label(record("native", 2, 1.0, backend_info={"strategy": "MirroredStrategy"},
+                            tuning=native_tuning(32 * MIB))) == "native (mirrored, packs 32 MiB)"
 
 
 def test_best_vs_best_table(tmp_path):

@@ -23,7 +23,8 @@ from common.cluster import machine
 from common.core.contract import Capabilities, Collective
 from common.core.results import BreakdownRecord
 from common.report import build_report, machines, summarize
-from common.report.render import format_ratio_table, short_command
+from common.report.environment import short_command
+from common.report.render import format_ratio_table
 from common.training.context import Plan, RunContext
 from common.workload.job import Job
 from tests.test_report import make_run, put
@@ -162,7 +163,7 @@ def test_allreduce_record_carries_the_block(tmp_path: Path) -> None:
     rec = bench.run_allreduce(backend, BenchOptions((16,), iters=2, warmup_iters=0), str(tmp_path), ["python"],
                               verbose=False)
     written = json.loads(next(tmp_path.glob("allreduce-*.json")).read_text())
-    assert written["machine"] == rec["machine"] and written["machine"]["num_ranks"] == 1
+    assert written["machine"] == rec.machine and written["machine"]["num_ranks"] == 1
     assert written["machine"]["distinct_cpu_models"] == [machine.cpu_facts()["model"]]
 
 
@@ -331,10 +332,10 @@ def test_runs_on_different_cpus_get_rows_of_their_own(tmp_path: Path) -> None:
         put(d, make_run("native", 1, ips, run_id=f"n1-{ips}", machine=block(cpu, job_id="11")))
         put(d, make_run("native", 2, 1.8 * ips, run_id=f"n2-{ips}", machine=block(cpu, ranks=2, job_id="12")))
     (s,) = summarize(json.loads(p.read_text()) for p in d.glob("*.json"))
-    rows = {(r.backend, r.world_size): r for r in s.rows}
+    rows = {(r.identity.label, r.identity.world_size): r for r in s.rows}
     assert set(rows) == {("native [AMD EPYC 7742]", 1), ("native [AMD EPYC 7742]", 2),
                          ("native [Intel Xeon Gold 6248]", 1), ("native [Intel Xeon Gold 6248]", 2)}
-    assert rows[("native [AMD EPYC 7742]", 2)].speedup == pytest.approx(1.8)  # against its own CPU's baseline
+    assert rows[("native [AMD EPYC 7742]", 2)].scaling.speedup == pytest.approx(1.8)  # against its own CPU's baseline
     build_report(d, plots=False)
     md = (d / "report" / "report.md").read_text()
     section = md.split("### Machine")[1].split("### Environment")[0]
@@ -352,21 +353,21 @@ def test_node_counts_split_only_the_rows_they_would_merge() -> None:
             make_run("horovod", 1, 100.0, run_id="d", machine=block("C", A100, nccl="2.18.5")),
             make_run("horovod", 2, 180.0, run_id="e", machine=block("C", A100, nodes=2, ranks=2, nccl="2.18.5"))]
     (s,) = summarize(runs)
-    labels = [(r.backend, r.world_size) for r in s.rows]
+    labels = [(r.identity.label, r.identity.world_size) for r in s.rows]
     assert labels == [("native [1 node]", 1), ("native [1 node]", 2), ("native [2 nodes]", 2), ("horovod", 1),
                       ("horovod", 2)]
-    assert s.rows[2].speedup == pytest.approx(1.5)  # the 2-node row's baseline is the series' 1-replica run
+    assert s.rows[2].scaling.speedup == pytest.approx(1.5)  # the 2-node row's baseline is the series' 1-replica run
     ratio = {q.machine: q.ratio for q in s.ratios if q.world_size == 2}
     assert ratio == {"1 node": None, "2 nodes": pytest.approx(180 / 150)}  # each pair on the same node count
     assert "| machine |" in format_ratio_table(s)
-    assert machines.subtitle(runs) == "A100-SXM4-40GB; 1-2 nodes"
+    assert machines.subtitle(s.records) == "A100-SXM4-40GB; 1-2 nodes"
 
 
 def test_ratio_never_pairs_different_gpus() -> None:
     runs = [make_run("native", 2, 100.0, run_id="a", machine=block("C", A100, ranks=2)),
             make_run("horovod", 2, 300.0, run_id="b", machine=block("C", H100, ranks=2))]
     (s,) = summarize(runs)
-    assert [r.backend for r in s.rows] == ["native [A100-SXM4-40GB]", "horovod [H100 80GB HBM3]"]
+    assert [r.identity.label for r in s.rows] == ["native [A100-SXM4-40GB]", "horovod [H100 80GB HBM3]"]
     assert all(q.ratio is None for q in s.ratios)
 
 
@@ -379,7 +380,7 @@ def test_old_records_still_report_as_before(tmp_path: Path) -> None:
     assert "| native | 1 |" in md and "| native | 2 |" in md and "machine not recorded" in md
     put(d, make_run("native", 2, 150.0, run_id="new", machine=block("C", ranks=2)))
     (s,) = summarize(json.loads(p.read_text()) for p in d.glob("*.json"))
-    assert [r.backend for r in s.rows] == ["native [C]", "native [machine not recorded]",
+    assert [r.identity.label for r in s.rows] == ["native [C]", "native [machine not recorded]",
                                            "native [machine not recorded]"]  # never merged with unknown machines
 
 

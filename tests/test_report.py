@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common import report  # noqa: E402
+from common.core.results import RunRecord  # noqa: E402
 from common.workload.job import Job  # noqa: E402
 
 JOB_A = Job(name="small", per_replica_batch_size=16, steps=12)  # the job most tests use
@@ -28,9 +29,11 @@ JOB_B = Job(name="bigger", per_replica_batch_size=32, steps=20)  # differs from 
 
 def make_run(backend: str, ws: int, ips: float, *, job: Job = JOB_A, step: tuple[float, float] = (0.01, 0.02),
              ttfs: float = 3.0, loss: float = 0.5, run_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A results JSON of schema 2 (the report upgrades it): without ``capabilities``, which schema 3 always writes,
+    so what ``backend_info`` says (strategy, asynchronous, compression) is what the record says."""
     rid = run_id or f"{backend}-{ws}-{ips}"
     rec: dict[str, Any] = {
-        "schema": report.SCHEMA, "kind": "train", "backend": backend, "backend_info": {"strategy": backend},
+        "schema": 2, "kind": "train", "backend": backend, "backend_info": {"strategy": backend},
         "world_size": ws, "num_workers": ws, "mode": job.mode, "job_hash": job.job_hash, "job": job.to_dict(),
         "global_batch_size": job.per_replica_batch_size * ws, "learning_rate": job.learning_rate,
         "steps": job.steps, "steps_per_epoch": 4, "step_losses": [2.3, 1.0, loss], "images_per_sec": ips,
@@ -44,6 +47,11 @@ def make_run(backend: str, ws: int, ips: float, *, job: Job = JOB_A, step: tuple
     }
     rec.update(extra)
     return rec
+
+
+def record(backend: str, ws: int, ips: float, **kw: Any) -> RunRecord:
+    """make_run's record as the report reads it."""
+    return RunRecord.from_dict(make_run(backend, ws, ips, **kw))
 
 
 def put(directory: Path, rec: dict[str, Any], name: str | None = None) -> Path:
@@ -160,7 +168,7 @@ def test_small_samples_get_min_max_or_nothing() -> None:
 
 def test_api_summarize_and_format(results: Path) -> None:
     runs = report.load_runs(results)
-    assert len(runs) == 12 and all("_path" in r for r in runs)
+    assert len(runs) == 12 and all(r.path and Path(r.path).is_file() for r in runs)
     (s,) = report.summarize(runs)
     assert s.job_hash == JOB_A.job_hash and s.name == "small" and s.backends == ["native", "horovod"]
     table = report.format_table(s)
@@ -260,7 +268,7 @@ def test_summarize_never_mixes_jobs() -> None:
     runs = [make_run("native", 1, 100.0, job=JOB_A), make_run("native", 1, 999.0, job=JOB_B)]
     summaries = report.summarize(runs)
     assert len(summaries) == 2
-    assert all(len(s.rows) == 1 and s.rows[0].repeats == 1 for s in summaries)
+    assert all(len(s.rows) == 1 and s.rows[0].throughput.repeats == 1 for s in summaries)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -288,8 +296,8 @@ def test_incomplete_and_corrupt_files_are_ignored(results: Path, capsys: pytest.
     assert "images_per_sec" in next(ln for ln in err.splitlines() if "missing-field.json" in ln)
     assert "hidden" not in err and ".tmp" not in err and "staging" not in err  # skipped silently
     (s,) = report.summarize(runs)
-    base = next(r for r in s.rows if r.backend == "native" and r.world_size == 1)
-    assert base.ips == [100.0, 110.0, 120.0]
+    base = next(r for r in s.rows if r.identity.label == "native" and r.identity.world_size == 1)
+    assert base.throughput.ips == [100.0, 110.0, 120.0]
 
 
 def test_missing_baseline_and_missing_backend_show_na(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -364,7 +372,7 @@ def test_cli_subprocess_does_not_import_tensorflow(results: Path, tmp_path: Path
 
 def test_median_helper_matches_statistics() -> None:
     vals = [3.0, 1.0, 2.0, 10.0]
-    assert report._median(vals) == statistics.median(vals) == 2.5
+    assert report.median(vals) == statistics.median(vals) == 2.5
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -403,15 +411,15 @@ def test_allow_mixed_versions_warns_and_says_so(tmp_path: Path, capsys: pytest.C
 
 
 def test_version_mix_rules() -> None:
-    def run(backend: str, **versions: str) -> dict[str, Any]:
-        return {"backend": backend, "versions": versions}
+    def run(backend: str, **versions: str) -> RunRecord:
+        return record(backend, 1, 1.0, versions=versions or None)
 
     same = {"python": "3.11.9", "tensorflow": "2.18.1"}
     assert report.version_mix([run("native", **same, numpy="1.26"), run("native", **same, numpy="2.0")]) == []
     # a key one run of a backend lacks is "unknown"; a key no run records is no difference
     assert report.version_mix([run("horovod", **same, horovod="0.28.1", horovod_patch="p1"),
                                run("horovod", **same, horovod="0.28.1")]) == ["horovod_patch p1 vs unknown"]
-    assert report.version_mix([run("native", **same), {"backend": "native"}]) == [
+    assert report.version_mix([run("native", **same), run("native")]) == [
         "python 3.11.9 vs unknown", "tensorflow 2.18.1 vs unknown"]
     assert report.version_mix([run("native", **same), run("horovod", python="3.11.9", tensorflow="2.9.0",
                                                           tf_keras="2.9.0")]) == ["tensorflow 2.9.0 vs 2.18.1"]
@@ -431,7 +439,7 @@ def test_required_fields_come_from_run_record(tmp_path: Path, capsys: pytest.Cap
         del rec[name]
         put(d, rec, f"without-{name}.json")
     capsys.readouterr()
-    assert [r["run_id"] for r in report.load_runs(d)] == ["complete"]
+    assert [r.record.run_id for r in report.load_runs(d)] == ["complete"]
     err = capsys.readouterr().err
     for name in results.REQUIRED:
         assert f"without-{name}.json: missing field {name!r}" in err
@@ -443,7 +451,7 @@ def test_required_fields_come_from_run_record(tmp_path: Path, capsys: pytest.Cap
 def test_mixed_cpu_binding_is_said_in_the_report(tmp_path: Path) -> None:
     """Runs of one job bound differently (topology.cpu_bind) get a line saying so; runs bound alike (or all from
     before the record) get none."""
-    from common.report.render import binding_mix
+    from common.report.environment import binding_mix
 
     def bound(how: str, ws: int = 2) -> dict[str, Any]:
         return {"topology": {"cpu_bind": [how] * ws}}
@@ -455,10 +463,10 @@ def test_mixed_cpu_binding_is_said_in_the_report(tmp_path: Path) -> None:
     assert report.main([str(d), "--out", str(out), "--no-plots", "-q"]) == 0
     line = [x for x in (out / "report.md").read_text().splitlines() if "Mixed CPU binding" in x]
     assert len(line) == 1 and "horovod: none; native: self" in line[0], line
-    assert binding_mix([make_run("native", 2, 1.0, **bound("none")), make_run("horovod", 2, 1.0, **bound("none"))]) \
+    assert binding_mix([record("native", 2, 1.0, **bound("none")), record("horovod", 2, 1.0, **bound("none"))]) \
         is None
-    assert binding_mix([make_run("native", 1, 1.0), make_run("horovod", 1, 1.0)]) is None  # no record: no claim
-    assert binding_mix([make_run("native", 2, 1.0, **bound("self")), make_run("native", 2, 1.0)]) == \
+    assert binding_mix([record("native", 1, 1.0), record("horovod", 1, 1.0)]) is None  # no record: no claim
+    assert binding_mix([record("native", 2, 1.0, **bound("self")), record("native", 2, 1.0)]) == \
         "native: self, unknown"
 
 

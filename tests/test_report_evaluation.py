@@ -52,4 +52,4 @@ def test_old_results_files_load_without_validation_fields(tmp_path: Path) -> Non
     d = tmp_path / "results"
     put(d, make_run("native", 1, 100.0))
     runs = report.load_runs(d)
-    assert runs[0]["evaluations"] == [] and runs[0]["time_to_target_s"] is None
+    assert runs[0].record.evaluations == [] and runs[0].record.time_to_target_s is None

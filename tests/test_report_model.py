@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from common import report
-from tests.test_report import make_run, put
+from tests.test_report import make_run, put, record
 
 ALPHA, BETA = 100e-6, 2e-9  # fitted exactly from these: 100 us + bytes x 2 ns (0.5 GB/s algbw at 2 ranks)
 GRAD = 4_000_000  # gradient bytes per step
@@ -20,7 +20,7 @@ def bench(backend: str) -> dict:
     rows = [{"bytes": b, "time_median": ALPHA + BETA * b, "time_p95": ALPHA + BETA * b,
              "algbw_GBps": b / (ALPHA + BETA * b) / 1e9, "busbw_GBps": b / (ALPHA + BETA * b) / 1e9}
             for b in (4096, 1 << 20, 16 << 20)]
-    return {"schema": report.SCHEMA, "kind": "allreduce", "backend": backend, "world_size": 2, "num_workers": 2,
+    return {"schema": 2, "kind": "allreduce", "backend": backend, "world_size": 2, "num_workers": 2,
             "rows": rows,
             "hosts": ["n0", "n1"], "run_id": f"ar-{backend}", "backend_info": {"communication": "ring"}}
 
@@ -82,6 +82,7 @@ def test_incomplete_allreduce_json_is_skipped(tmp_path: Path, bad, capsys):
 def test_the_report_reads_the_typed_capabilities_and_only_displays_backend_info(tmp_path) -> None:
     """A record with ``capabilities`` is labelled and modelled from it alone, whatever its backend_info says (free
     provenance); an older file without the block still reads as before (tests/test_strategies.py, test_knobs.py)."""
+    from common.core.records import AllreduceRecord
     from common.report.model import format_allreduce
     from common.report.summary import row_label
 
@@ -90,16 +91,19 @@ def test_the_report_reads_the_typed_capabilities_and_only_displays_backend_info(
                 "asynchronous": False, "every_rank_writes_checkpoint": True, **kw}
 
     misleading = {"strategy": "MirroredStrategy", "asynchronous": True, "compression": "fp16"}
-    plain = make_run("native", 2, 1.0, backend_info=misleading, capabilities=caps())
+    plain = record("native", 2, 1.0, backend_info=misleading, capabilities=caps())
     assert row_label(plain) == "native"
-    assert row_label(make_run("native", 2, 1.0, backend_info={}, capabilities=caps(variant="central_storage"))) \
+    assert row_label(record("native", 2, 1.0, backend_info={}, capabilities=caps(variant="central_storage"))) \
         == "native (central_storage)"
     ps = make_run("native", 2, 1.0, backend_info={}, capabilities=caps(variant="parameter_server", asynchronous=True))
     put(tmp_path, ps)
     [loaded] = report.load_runs(tmp_path)
-    assert loaded["asynchronous"] is True and row_label(loaded) == "native (parameter_server, asynchronous)"
-    bench = {"backend": "horovod", "world_size": 2, "hosts": ["a"], "rows": [], "backend_info": {"controller": "x"},
-             "collective": {"requested": "auto", "used": "gloo", "reason": "r"}, "capabilities": caps()}
+    assert loaded.record.asynchronous is True
+    assert row_label(loaded.record) == "native (parameter_server, asynchronous)"
+    bench = AllreduceRecord(backend="horovod", world_size=2, hosts=["a"], rows=[], backend_info={"controller": "x"},
+                            collective={"requested": "auto", "used": "gloo", "reason": "r"}, capabilities=caps())
     assert "### horovod, 2 ranks (gloo; hosts" in format_allreduce([bench])
-    old = {"backend": "native", "world_size": 2, "hosts": ["a"], "rows": [], "backend_info": {"communication": "ring"}}
-    assert "### native, 2 ranks (ring; hosts" in format_allreduce([old])
+    old = {"schema": 2, "kind": "allreduce", "backend": "native", "world_size": 2, "hosts": ["a"], "rows": [],
+           "backend_info": {"communication": "ring"}}  # schema 2, before the collective block
+    assert "### native, 2 ranks (ring; hosts" in format_allreduce([AllreduceRecord.from_dict(old)])
+    assert AllreduceRecord.from_dict({**old, "schema": 3}).collective_used is None  # schema 3 reads its own block

@@ -82,10 +82,10 @@ def test_layouts_at_one_size_are_separate_rows() -> None:
             make_run("native", 2, 150.0, run_id="n2b", hosts=two_nodes),
             make_run("native", 2, 152.0, run_id="n2c", hosts=two_nodes)]
     [s] = report.summarize(runs)
-    rows = {(r.world_size, r.layout): r for r in s.rows}
+    rows = {(r.identity.world_size, r.identity.layout): r for r in s.rows}
     assert set(rows) == {(1, "1x1"), (2, "1x2"), (2, "2x1")}
-    assert rows[(2, "1x2")].repeats == 1 and rows[(2, "2x1")].repeats == 2
-    assert rows[(2, "2x1")].speedup == pytest.approx(1.51)  # both against the absolute 1-replica base
+    assert rows[(2, "1x2")].throughput.repeats == 1 and rows[(2, "2x1")].throughput.repeats == 2
+    assert rows[(2, "2x1")].scaling.speedup == pytest.approx(1.51)  # both against the absolute 1-replica base
     table = report.format_table(s)
     assert "| native | 2 | 1x2 | 2 | 1 | 190.0 |" in table and "| native | 2 | 2x1 | 2 | 2 | 151.0 |" in table
 
@@ -96,7 +96,7 @@ def test_layout_is_derived_for_old_files_and_uneven_nodes(tmp_path: Path) -> Non
     rec.pop("machine", None)
     put(d, rec)
     [run] = report.load_runs(d)
-    assert (run["_nodes"], run["_ranks_per_node"], run["_layout"]) == (2, None, "2x(2+1)")
+    assert run.layout == (2, None, "2x(2+1)") and run.layout.text == "2x(2+1)"
 
 
 def test_two_result_dirs_are_one_set_and_mixed_jobs_or_versions_are_refused(tmp_path: Path, capsys) -> None:

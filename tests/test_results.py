@@ -134,6 +134,47 @@ def test_run_record_optional_fields_default_and_required_ones_are_checked():
         res.RunRecord.from_dict([])
 
 
+def test_older_schemas_are_upgraded_by_their_version_and_others_refused():
+    """A schema-2 file is read as schema 3 says it (what it said only in backend_info fills ``capabilities``); a
+    schema-3 file is read as written (no backend_info fallback); schema 1 and a newer schema are refused, naming the
+    schemas this reader reads."""
+    d = full_record().to_dict()
+    old = {**d, "schema": 2, "backend_info": {"strategy": "MirroredStrategy", "compression": "fp16"}}
+    for k in ("capabilities", "asynchronous", "evaluations"):
+        del old[k]  # fields schema-2 writers added as they went
+    rec = res.RunRecord.from_dict(old)
+    assert (rec.schema, rec.strategy, rec.compression, rec.asynchronous, rec.evaluations) == (
+        3, "mirrored", "fp16", False, [])
+    ps = res.RunRecord.from_dict({**old, "backend_info": {"strategy": "parameter_server", "asynchronous": True}})
+    assert (ps.strategy, ps.asynchronous) == ("parameter_server", True)
+    assert res.RunRecord.from_dict({**old, "backend_info": {"strategy": "CollectiveAllReduceStrategy"}}).strategy \
+        is None  # MWMS: native's default
+    kept = res.RunRecord.from_dict({**old, "capabilities": {"variant": None}, "asynchronous": True})
+    assert (kept.strategy, kept.asynchronous) == (None, True)  # a schema-2 file's own fields win
+    assert res.RunRecord.from_dict({**d, "backend_info": old["backend_info"]}).strategy is None  # schema 3
+    for schema in (1, 4):
+        with pytest.raises(res.RecordError, match=rf"schema {schema} is not supported \(this report reads results "
+                                                  r"files of schema 2 and 3\)"):
+            res.RunRecord.from_dict({**d, "schema": schema})
+
+
+def test_allreduce_record_keeps_the_writers_json():
+    from common.core.records import AllreduceRecord
+
+    rec = AllreduceRecord(backend="native", world_size=2, num_workers=2, rows=[{"bytes": 4, "time_median": 1e-5}],
+                          run_id="r", collective={"used": "ring"})
+    d = rec.to_dict()
+    assert set(d) == {"schema", "kind", "backend", "backend_info", "collective", "capabilities", "world_size",
+                      "num_workers", "dtype", "op", "warmup_iters", "rows", "bus_factor", "versions", "hosts",
+                      "command", "finished_at", "run_id", "link", "machine"}  # the keys the dict writer wrote
+    assert (d["schema"], d["kind"], d["dtype"], d["op"]) == (3, "allreduce", "float32", "sum")
+    assert AllreduceRecord.from_dict(json.loads(json.dumps(d))) == rec and rec.collective_used == "ring"
+    assert rec.filename() == "allreduce-native-n2-r.json"
+    assert AllreduceRecord.from_dict({**d, "schema": 1}) == rec  # schema 1: the same benchmark (no collective yet)
+    with pytest.raises(res.RecordError, match="missing field 'rows'"):
+        AllreduceRecord.from_dict({k: v for k, v in d.items() if k != "rows"})
+
+
 def test_input_record_names_what_it_measured_and_decides_kept_up():
     """RunRecord.input from every rank's input wait: the slowest rank's share of its own timed wall time decides."""
     from common.training import inputwait as iw

@@ -316,7 +316,7 @@ def test_sweep_report_reads_the_sweep(sweep):
     proc = run([PY, "-m", "common.report", str(sweep["dir"]), "--no-plots", "--quiet"], check=False)
     assert proc.returncode == 0, proc.stderr
     runs = load_runs(sweep["dir"], warn=lambda _m: None)
-    assert sorted((r["backend"], r["world_size"]) for r in runs) == [
+    assert sorted((r.record.backend, r.record.world_size) for r in runs) == [
         ("horovod", 1), ("horovod", 2), ("native", 1), ("native", 2)]
 
 

@@ -16,6 +16,7 @@ from backends import native_cluster
 from backends.native_ps import sync_points
 from common.cluster import localcluster
 from common.core.errors import UsageError
+from common.core.results import RunRecord
 from common.report.summary import row_label
 from tests.conftest import PY, REPO, SMOKE, base_env, only_result, run, signal_env
 
@@ -166,10 +167,10 @@ def test_report_labels_asynchronous_runs_and_keeps_them_out_of_the_ratio():
             make_run("native", 1, 50.0, backend_info=ps_info), make_run("native", 2, 80.0, backend_info=ps_info)]
     [s] = report.summarize(runs)
     label = "native (parameter_server, asynchronous)"
-    ps2 = next(r for r in s.rows if r.backend == label and r.world_size == 2)
-    nat2 = next(r for r in s.rows if r.backend == "native" and r.world_size == 2)
-    assert nat2.repeats == 1 and nat2.ratio == pytest.approx(190 / 180)  # the PS run is not a native repeat
-    assert ps2.ratio is None and ps2.speedup == pytest.approx(80 / 50)  # against its own 1-worker run
+    ps2 = next(r for r in s.rows if r.identity.label == label and r.identity.world_size == 2)
+    nat2 = next(r for r in s.rows if r.identity.label == "native" and r.identity.world_size == 2)
+    assert nat2.throughput.repeats == 1 and nat2.scaling.ratio == pytest.approx(190 / 180)  # PS: not a repeat
+    assert ps2.scaling.ratio is None and ps2.scaling.speedup == pytest.approx(80 / 50)  # against its own 1-worker
     assert [q.world_size for q in s.ratios if q.ratio is not None] == [2]
     assert any(n.startswith(label) and "no parity claim" in n for n in s.notes)
     assert f"| {label} | 2 | 2x1 | 2 |" in report.format_section(s)
@@ -194,12 +195,13 @@ def test_report_never_merges_strategies_and_reads_the_asynchronous_field(tmp_pat
     runs.append(make_run("native", 2, 50.0, backend_info={"strategy": "parameter_server"}, asynchronous=True,
                          run_id="ps"))
     [s] = report.summarize(runs)
-    labels = {r.backend: r for r in s.rows}
+    labels = {r.identity.label: r for r in s.rows}
     assert set(labels) == {"native", "horovod", "native (parameter_server, asynchronous)",
                            *(f"native ({k})" for k in classes)}
-    assert labels["native"].repeats == 2 and all(r.repeats == 1 for r in s.rows if r.backend != "native")
-    assert labels["native"].ips_median == 100.0 and labels["native"].ratio == pytest.approx(1.2)
-    assert all(labels[f"native ({k})"].ratio is None for k in classes)
+    assert labels["native"].throughput.repeats == 2
+    assert all(r.throughput.repeats == 1 for r in s.rows if r.identity.label != "native")
+    assert labels["native"].throughput.median == 100.0 and labels["native"].scaling.ratio == pytest.approx(1.2)
+    assert all(labels[f"native ({k})"].scaling.ratio is None for k in classes)
     assert any(n.startswith("native (mirrored)") and "rows of their own" in n for n in s.notes)
     md = report.format_section(s)
     assert "| native (central_storage) | 2 | 2x1 | 2 |" in md and "| native (one_device) | 2 | 2x1 | 2 |" in md
@@ -207,10 +209,10 @@ def test_report_never_merges_strategies_and_reads_the_asynchronous_field(tmp_pat
     old = make_run("native", 2, 60.0, backend_info={"strategy": "parameter_server", "asynchronous": True})
     put(tmp_path, old)
     [loaded] = report.load_runs(tmp_path)
-    assert loaded["asynchronous"] is True
-    assert report.summarize([loaded])[0].rows[0].backend == "native (parameter_server, asynchronous)"
+    assert loaded.record.asynchronous is True
+    assert report.summarize([loaded])[0].rows[0].identity.label == "native (parameter_server, asynchronous)"
     # a synchronous run is never labelled asynchronous, whatever its strategy
-    assert report.summarize([make_run("native", 1, 9.0, asynchronous=False)])[0].rows[0].backend == "native"
+    assert report.summarize([make_run("native", 1, 9.0, asynchronous=False)])[0].rows[0].identity.label == "native"
 
 
 def test_checkpoint_dir_names_a_strategy_other_than_the_default(tmp_path):
@@ -264,7 +266,8 @@ def test_central_storage_computes_what_mirrored_computes(runner, mode):
     assert cs["step_losses"] == mir["step_losses"]
     assert cs["weights_digest"] == mir["weights_digest"]
     assert cs["step_losses"][-1] < cs["step_losses"][0]  # it trained: equal frozen losses would prove nothing
-    assert (row_label(cs), row_label(mir)) == ("native (central_storage)", "native (mirrored)")
+    read = RunRecord.from_dict
+    assert (row_label(read(cs)), row_label(read(mir))) == ("native (central_storage)", "native (mirrored)")
 
 
 # -- parameter_server: chief + workers + ps on loopback --------------------------------------------------------
@@ -330,7 +333,8 @@ def test_parameter_server_with_one_worker_is_the_synchronous_run(ps_run, runner,
     assert rec["backend_info"]["num_workers"] == 1 and rec["world_size"] == sync["world_size"] == 1
     assert rec["step_losses"] == sync["step_losses"]
     assert rec["weights_digest"] == sync["weights_digest"]
-    assert (row_label(sync), row_label(rec)) == ("native", "native (parameter_server, asynchronous)")
+    read = RunRecord.from_dict
+    assert (row_label(read(sync)), row_label(read(rec))) == ("native", "native (parameter_server, asynchronous)")
     assert rec["asynchronous"] is True and sync["asynchronous"] is False
     assert rec["input"]["method"] is None and "parameter-server" in rec["input"]["reason"]
 

@@ -21,23 +21,23 @@ import secrets
 import socket
 import sys
 import tempfile
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 2  # bump when a field changes meaning; reports check it (2: wall-clock throughput, sync windows)
+from common.core.records import (
+    BREAKDOWN_SCHEMA,
+    RUN_SCHEMA,
+    RecordError,
+    always_written,
+    check_required,
+    required_fields,
+    upgrade,
+    upgrade_run,
+)
 
-
-class RecordError(ValueError):
-    """A results JSON object that is not a readable RunRecord; the message is one line naming the problem."""
-
-
-def _always_written(default: Any) -> Any:
-    """A field with a default for writers that every results file must nevertheless carry (readers require it)."""
-    return field(default=default, metadata={"required": True})
-
+SCHEMA = RUN_SCHEMA  # RunRecord's; a bump comes with a step in records.upgrade_run from the schema before
 
 # An evaluation's keys that say when and how long, not what it measured (the rest: loss and the job's metrics).
 EVALUATION_META = ("epoch", "step", "seconds", "wall_time")
@@ -48,12 +48,12 @@ class RunRecord:
     """One training run's results JSON (schema ``SCHEMA``), written by the chief, read by the report.
 
     Fields without a default (plus ``schema`` and ``kind``) are required: a file lacking one, or holding a value
-    of the wrong JSON type, is not a usable result (``from_dict`` raises RecordError). Every other field has a
-    default (None: not recorded), so a field added later with a default keeps older files readable.
+    of the wrong JSON type, is not a usable result (``from_dict`` raises RecordError). An older file is read
+    through ``records.upgrade_run`` (keyed on its schema), so a record always says what the current schema says.
     """
 
-    schema: int = _always_written(SCHEMA)
-    kind: str = _always_written("train")
+    schema: int = always_written(SCHEMA)
+    kind: str = always_written("train")
     backend: str
     backend_info: dict[str, Any] | None = None  # Backend.describe(): free-form provenance, displayed, never read
     world_size: int  # replicas
@@ -110,36 +110,44 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> RunRecord:
-        """Read a parsed results JSON: required fields checked (present, right JSON type), optional ones default,
-        unknown keys (fields of a newer writer) ignored. Raises RecordError naming the first problem."""
-        if not isinstance(data, Mapping):
-            raise RecordError(f"top level is a JSON {type(data).__name__}, not an object")
-        for name, types in REQUIRED.items():
-            if name not in data:
-                raise RecordError(f"missing field {name!r}")
-            value = data[name]
-            if isinstance(value, bool) or not isinstance(value, types):
-                raise RecordError(f"field {name!r} has the wrong type ({type(value).__name__})")
-        return cls(**{k: v for k, v in data.items() if k in _FIELD_NAMES})
+        """Read a parsed results JSON of any schema ``records.upgrade_run`` reads: required fields checked
+        (present, right JSON type), optional ones default, unknown keys (fields of a newer writer) ignored. Raises
+        RecordError naming the first problem."""
+        d = upgrade_run(check_required(data, REQUIRED))
+        return cls(**{k: v for k, v in d.items() if k in _FIELD_NAMES})
+
+    # Typed views of the blocks the report reads (the blocks stay JSON objects: the writers own their keys).
+    @property
+    def strategy(self) -> str | None:
+        """The run's non-default way of training (``capabilities.variant``, e.g. native's --strategy mirrored),
+        None for its backend's default."""
+        return _text(self.capabilities, "variant")
+
+    @property
+    def compression(self) -> str | None:
+        """``capabilities.compression`` ("none", "fp16"), None when not recorded."""
+        return _text(self.capabilities, "compression")
+
+    @property
+    def tuning_variant(self) -> str | None:
+        """The tuning variant (``tuning.variant``, e.g. "fusion 32 MiB"), None at the default knobs."""
+        return _text(self.tuning, "variant")
+
+    @property
+    def collective_used(self) -> str | None:
+        """The collective that carried the gradients (``collective.used``), None when not recorded."""
+        return _text(self.collective, "used")
 
 
-def _required_fields(record_class: type[Any] | None = None) -> dict[str, tuple[type, ...]]:
-    """Field -> accepted JSON types, for the fields every results file must carry (in field order); of RunRecord
-    unless ``record_class`` names another record dataclass."""
-    record_class = record_class or RunRecord
-    hints = typing.get_type_hints(record_class)
-    out: dict[str, tuple[type, ...]] = {}
-    for f in dataclasses.fields(record_class):
-        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if no_default or f.metadata.get("required"):
-            t = typing.get_origin(hints[f.name]) or hints[f.name]
-            out[f.name] = (int, float) if t is float else (t,)  # a JSON number may be written without a point
-    return out
+def _text(block: Mapping[str, Any] | None, key: str) -> str | None:
+    """A non-empty string a record's block holds at ``key``, else None."""
+    value = block.get(key) if isinstance(block, Mapping) else None
+    return value if isinstance(value, str) and value else None
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunRecord))  # the JSON keys, in order
 _FIELD_NAMES = frozenset(FIELDS)
-REQUIRED: dict[str, tuple[type, ...]] = _required_fields()  # what a reader requires (derived, never listed)
+REQUIRED: dict[str, tuple[type, ...]] = required_fields(RunRecord)  # what a reader requires (derived, never listed)
 
 
 # -- the --diagnose breakdown record (common.diagnostics.breakdown) ---------------------------------------------
@@ -153,8 +161,8 @@ class BreakdownRecord:
     training runs the report compares. Times in seconds per step; ``phases`` are means over the timed steps and
     over ranks, and sum to ``step_time`` (device clock, step end to step end)."""
 
-    schema: int = _always_written(SCHEMA)
-    kind: str = _always_written("breakdown")
+    schema: int = always_written(BREAKDOWN_SCHEMA)
+    kind: str = always_written("breakdown")
     backend: str
     backend_info: dict[str, Any] | None = None
     world_size: int  # replicas
@@ -190,13 +198,14 @@ class BreakdownRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> BreakdownRecord:
-        """Read a parsed breakdown JSON; RecordError naming the first problem (fields, types, phases)."""
+        """Read a parsed breakdown JSON; RecordError naming the first problem (fields, types, schema, phases)."""
         if not isinstance(data, Mapping):
             raise RecordError(f"top level is a JSON {type(data).__name__}, not an object")
         for name, types in _BREAKDOWN_REQUIRED.items():
             value = data.get(name)
             if name not in data or isinstance(value, bool) or not isinstance(value, types):
                 raise RecordError(f"field {name!r} is missing or has the wrong type")
+        data = upgrade_breakdown(data)
         if data["kind"] != "breakdown":
             raise RecordError(f"kind {data['kind']!r} is not a breakdown")
         for p in BREAKDOWN_PHASES:
@@ -211,7 +220,12 @@ class BreakdownRecord:
         return f"breakdown-{self.backend}-n{self.world_size}-{self.job_hash}-{self.run_id}.json"
 
 
-_BREAKDOWN_REQUIRED = _required_fields(BreakdownRecord)
+def upgrade_breakdown(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A parsed breakdown JSON as schema BREAKDOWN_SCHEMA says it (a copy): every breakdown file so far is of it."""
+    return upgrade(data, BREAKDOWN_SCHEMA, {}, "breakdowns")
+
+
+_BREAKDOWN_REQUIRED = required_fields(BreakdownRecord)
 
 
 def percentile(values: list[float], q: float) -> float:

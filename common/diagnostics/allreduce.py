@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from common.cluster import machine
 from common.core import results as res
 from common.core.contract import Backend
+from common.core.records import AllreduceRecord
 from common.diagnostics import p2p
 from common.training import observe
 from common.training.runconfig import BenchOptions
@@ -50,7 +50,7 @@ def bus_factor(n: int) -> float:
 
 
 def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None, command: list[str],
-                  verbose: bool = True, iface: str | None = None) -> dict[str, Any] | None:
+                  verbose: bool = True, iface: str | None = None) -> AllreduceRecord | None:
     """SUM allreduce of float32 ones at each size; the chief writes the ``kind: "allreduce"`` record. ``iface``:
     the run's --iface (the data interface the record's ``machine`` block describes; None: the host name's)."""
     import tensorflow as tf
@@ -90,16 +90,16 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
                      "wrong": sum(r["wrong"][str(size)] for r in everyone)})
     p2p.annotate(rows, link)  # busbw_pct_of_link per row
     caps = backend.capabilities()
-    record = {
-        "schema": res.SCHEMA, "kind": "allreduce", "backend": backend.name, "backend_info": backend.describe(),
-        "collective": caps.collective.to_dict(), "capabilities": caps.record(),  # what the report reads
-        "world_size": n, "num_workers": backend.num_workers, "dtype": "float32", "op": "sum", "warmup_iters": warmup,
-        "rows": rows, "bus_factor": bus_factor(n), "versions": res.versions(),
-        "hosts": [r["host"] for r in everyone], "command": command, "finished_at": res.now_iso(),
-        "run_id": res.new_run_id(),
-        "link": link,  # common.diagnostics.p2p: the probed point-to-point rate
-        "machine": machine.combine([r["machine"] for r in everyone]),
-    }
+    record = AllreduceRecord(
+        backend=backend.name, backend_info=backend.describe(),
+        collective=caps.collective.to_dict(), capabilities=caps.record(),  # what the report reads
+        world_size=n, num_workers=backend.num_workers, warmup_iters=warmup,
+        rows=rows, bus_factor=bus_factor(n), versions=res.versions(),
+        hosts=[r["host"] for r in everyone], command=command, finished_at=res.now_iso(),
+        run_id=res.new_run_id(),
+        link=link,  # common.diagnostics.p2p: the probed point-to-point rate
+        machine=machine.combine([r["machine"] for r in everyone]),
+    )
     if verbose:
         print(f"[twinbench] allreduce, {backend.name}, {n} ranks (float32 sum; busbw = algbw x {bus_factor(n):.3f})")
     # The result itself (printed under --quiet too): time = median over the iterations of the slowest rank's time
@@ -109,7 +109,6 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
     if p2p.summary(rows, link):
         print(p2p.summary(rows, link), flush=True)
     if results_dir is not None:
-        name = f"allreduce-{backend.name}-n{n}-{record['run_id']}.json"
-        path = res.write_json_atomic(Path(results_dir) / name, record)
+        path = res.write_json_atomic(Path(results_dir) / record.filename(), record.to_dict())
         print(f"[twinbench] results: {path}", flush=True)
     return record

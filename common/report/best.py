@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, Row, order_backends
+from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, Row, order_backends
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class BestRow:
 
     @property
     def best_name(self) -> str:
-        return self.best.variant or "default"
+        return self.best.identity.variant or "default"
 
 
 @dataclass(frozen=True)
@@ -38,21 +38,21 @@ class BestRatio:
 
 
 def _fastest(rows: list[Row]) -> Row | None:
-    return max(rows, key=lambda r: r.ips_median) if rows else None
+    return max(rows, key=lambda r: r.throughput.median) if rows else None
 
 
 def best_rows(s: JobSummary) -> list[BestRow]:
     """Per backend (registry order) and world size, the default and the fastest row; empty without variants."""
-    rows = [r for r in s.rows if r.comparable]
-    if not any(r.variant for r in rows):
+    rows = [r for r in s.rows if r.identity.comparable]
+    if not any(r.identity.variant for r in rows):
         return []
     out = []
-    for b in order_backends(r.base for r in rows):
-        for ws in sorted({r.world_size for r in rows if r.base == b}):
-            cell = [r for r in rows if r.base == b and r.world_size == ws]
+    for b in order_backends(r.identity.backend for r in rows):
+        for ws in sorted({r.identity.world_size for r in rows if r.identity.backend == b}):
+            cell = [r for r in rows if r.identity.backend == b and r.identity.world_size == ws]
             best = _fastest(cell)
             assert best is not None  # the cell holds at least the row that put ws in the set
-            out.append(BestRow(b, ws, _fastest([r for r in cell if r.variant is None]), best))
+            out.append(BestRow(b, ws, _fastest([r for r in cell if r.identity.variant is None]), best))
     return out
 
 
@@ -64,6 +64,8 @@ def best_ratios(cells: list[BestRow]) -> list[BestRatio]:
         den, num = by.get(RATIO_DEN), by.get(RATIO_NUM)
         if den is None or num is None:
             continue
-        default = num.default.ips_median / den.default.ips_median if num.default and den.default else None
-        out.append(BestRatio(ws, default, num.best.ips_median / den.best.ips_median, den.best_name, num.best_name))
+        default = num.default.throughput.median / den.default.throughput.median if num.default and den.default \
+            else None
+        out.append(BestRatio(ws, default, num.best.throughput.median / den.best.throughput.median, den.best_name,
+                             num.best_name))
     return out

@@ -11,16 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from common.core import registry
+from common.core.records import AllreduceRecord
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord, write_atomic
 from common.report.base import MixedVersionsError, ReportError, warn
 from common.report.htmlpage import format_html
-from common.report.load import load_allreduce, load_breakdowns, load_runs, result_files
+from common.report.load import LoadedRun, load_allreduce, load_breakdowns, load_runs, result_files, sort_allreduce
 from common.report.model import format_allreduce, format_model
 from common.report.plots import plot_allreduce, plot_breakdown, plot_job
 from common.report.render import fmt_num, format_csv, format_markdown, md_table
+from common.report.rows import JobSummary, order_backends
 from common.report.selection import select_jobs
 from common.report.stats import median, num
-from common.report.summary import JobSummary, order_backends, summarize
+from common.report.summary import summarize
 from common.report.versions import mix_message
 
 
@@ -75,7 +77,7 @@ def _write_job_plots(summaries: Sequence[JobSummary], out: Path, paths: list[Pat
     return images
 
 
-def _allreduce_part(benches: Sequence[Mapping[str, Any]], out: Path, plots: bool, paths: list[Path]) -> str:
+def _allreduce_part(benches: Sequence[AllreduceRecord], out: Path, plots: bool, paths: list[Path]) -> str:
     """The Markdown appended after the jobs: allreduce tables (and plot)."""
     if not benches:
         return ""
@@ -98,19 +100,19 @@ def _roots(results_dir: PathArg | Sequence[PathArg]) -> list[Path]:
     return list(dict.fromkeys(Path(d) for d in dirs))
 
 
-def load_set(roots: Sequence[Path], warn: Callable[[str], None] = warn) -> list[dict[str, Any]]:
+def load_set(roots: Sequence[Path], warn: Callable[[str], None] = warn) -> list[LoadedRun]:
     """The runs of every directory as one set; a run_id already loaded from another directory is a copy (skipped
     with a warning, as a copy within one directory is)."""
-    runs: list[dict[str, Any]] = []
-    seen: dict[str, str] = {}
+    runs: list[LoadedRun] = []
+    seen: dict[str, str | None] = {}
     for root in roots:
         for r in load_runs(root, warn=warn):
-            rid = r.get("run_id")
-            if isinstance(rid, str) and rid in seen:
-                warn(f"skipping {r['_path']}: same run_id {rid!r} as {seen[rid]} (a copy)")
+            rid = r.record.run_id
+            if rid is not None and rid in seen:
+                warn(f"skipping {r.path}: same run_id {rid!r} as {seen[rid]} (a copy)")
                 continue
-            if isinstance(rid, str) and rid:
-                seen[rid] = r["_path"]
+            if rid:
+                seen[rid] = r.path
             runs.append(r)
     return runs
 
@@ -136,8 +138,7 @@ def build_report(results_dir: PathArg | Sequence[PathArg], out_dir: PathArg | No
     paths: list[Path] = []
     plots = _can_plot(plots, warn)
     images = _write_job_plots(summaries, out, paths) if plots else {}
-    benches = sorted((b for root in roots for b in load_allreduce(root, warn=warn)),
-                     key=lambda d: (d["backend"], d["world_size"], str(d.get("finished_at", ""))))
+    benches = sort_allreduce(b for root in roots for b in load_allreduce(root, warn=warn))
     models = [m for m in (format_model(s, benches, extrapolate_to) for s in summaries) if m] if benches else []
     extra = _allreduce_part(benches, out, plots, paths) + "".join("\n" + m.markdown + "\n" for m in models)
     if job_hash is not None or compare is not None or job is not None:  # a selection: its jobs' breakdowns only
@@ -184,7 +185,7 @@ class BreakdownCell:
     """The newest breakdown of one backend x world size, with what it is cross-checked against."""
 
     rec: BreakdownRecord
-    bench_step: float | None  # median over repeats of the normal runs' step_time.mean (same job, backend, size)
+    bench_step: float | None  # median over repeats of the normal runs' step_time mean (same job, backend, size)
     bench_repeats: int
     allreduce: float | None  # the allreduce microbenchmark's median time at the record's gradient bytes
 
@@ -200,19 +201,18 @@ def allreduce_time_at(rows: Sequence[Mapping[str, Any]], nbytes: float) -> float
     return next((t for b, t in pts if b == nbytes), None)
 
 
-def breakdown_cells(records: Sequence[BreakdownRecord], runs: Sequence[Mapping[str, Any]],
-                    benches: Sequence[Mapping[str, Any]]) -> dict[str, list[BreakdownCell]]:
+def breakdown_cells(records: Sequence[BreakdownRecord], runs: Sequence[LoadedRun],
+                    benches: Sequence[AllreduceRecord]) -> dict[str, list[BreakdownCell]]:
     """Job hash -> the newest breakdown per backend x world size (world size, then registry order)."""
     newest: dict[tuple[str, str, int], BreakdownRecord] = {}
     for r in records:  # oldest first: the newest wins
         newest[(r.job_hash, r.backend, r.world_size)] = r
     out: dict[str, list[BreakdownCell]] = {}
     for (h, backend, n), rec in newest.items():
-        steps = [num((r.get("step_time") or {}).get("mean")) for r in runs
-                 if r["job_hash"] == h and r["backend"] == backend and r["world_size"] == n
-                 and r.get("asynchronous") is not True]
-        bench = next((b for b in reversed(benches) if b["backend"] == backend and b["world_size"] == n), None)
-        at = allreduce_time_at(bench["rows"], rec.gradient_bytes) if bench and rec.gradient_bytes else None
+        steps = [num(r.step_time.get("mean")) for r in (x.record for x in runs)
+                 if r.job_hash == h and r.backend == backend and r.world_size == n and r.asynchronous is not True]
+        bench = next((b for b in reversed(benches) if b.backend == backend and b.world_size == n), None)
+        at = allreduce_time_at(bench.rows, rec.gradient_bytes) if bench and rec.gradient_bytes else None
         out.setdefault(h, []).append(BreakdownCell(rec, median(steps), len(steps), at))
     for cells in out.values():
         order = order_backends(c.rec.backend for c in cells)
@@ -271,8 +271,8 @@ def format_breakdown(cells: Sequence[BreakdownCell], image: str | None = None) -
     return "\n".join(lines)
 
 
-def _breakdown_part(records: Sequence[BreakdownRecord], runs: Sequence[Mapping[str, Any]],
-                    benches: Sequence[Mapping[str, Any]], out: Path, plots: bool, paths: list[Path]) -> str:
+def _breakdown_part(records: Sequence[BreakdownRecord], runs: Sequence[LoadedRun],
+                    benches: Sequence[AllreduceRecord], out: Path, plots: bool, paths: list[Path]) -> str:
     """The Markdown of every job's breakdown section (and its stacked-bar PNG)."""
     text = ""
     for h, cells in breakdown_cells(records, runs, benches).items():

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from common.core.text import text_table
+from common.report.rows import JobSummary, Row
 from common.report.stats import MIN_CI_RUNS, Interval
-from common.report.summary import JobSummary, Row
 
 EXIT_CONVERGED, EXIT_NOT_YET = 0, 1  # the report's exit status with --until (2: bad input, as always)
 
@@ -76,14 +76,16 @@ def relative_half_width(median: float, iv: Interval | None) -> float | None:
 
 def cell_name(row: Row) -> str:
     """"native 1 replica (1x1)", "horovod (fusion 32 MiB) 4 replicas (2x2)": the row's label, size and layout."""
-    return f"{row.backend} {row.world_size} replica{'s' if row.world_size != 1 else ''} ({row.layout})"
+    i = row.identity
+    return f"{i.label} {i.world_size} replica{'s' if i.world_size != 1 else ''} ({i.layout})"
 
 
 def check_row(row: Row, width: float) -> CellCheck:
     """The rule of this module for one row of the table."""
-    w = relative_half_width(row.ips_median, row.ips_interval)
-    ok = row.repeats >= MIN_CI_RUNS and w is not None and w <= width
-    return CellCheck(cell_name(row), row.repeats, row.ips_median, row.ips_interval, w, ok)
+    t = row.throughput
+    w = relative_half_width(t.median, t.interval)
+    ok = t.repeats >= MIN_CI_RUNS and w is not None and w <= width
+    return CellCheck(cell_name(row), t.repeats, t.median, t.interval, w, ok)
 
 
 def check(summaries: Sequence[JobSummary], width: float) -> list[CellCheck]:

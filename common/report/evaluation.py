@@ -5,9 +5,9 @@ Runs without evaluations contribute nothing and change no other column."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from common.core.results import EVALUATION_META
+from common.core.results import EVALUATION_META, RunRecord
+from common.report.rows import Validation
 from common.report.stats import median, num
 
 # What the section says about its numbers (rendered once, under the table).
@@ -20,26 +20,23 @@ TTT_METHOD = (
 )
 
 
-def evaluations(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The run's evaluations ([] for a run, or an older file, without any)."""
-    ev = run.get("evaluations")
-    return [e for e in ev if isinstance(e, Mapping)] if isinstance(ev, list) else []
+def evaluations(run: RunRecord) -> list[Mapping[str, object]]:
+    """The run's evaluations ([] for a run without any)."""
+    return [e for e in run.evaluations if isinstance(e, Mapping)] if isinstance(run.evaluations, list) else []
 
 
-def target_of(run: Mapping[str, Any]) -> tuple[str, float] | None:
+def target_of(run: RunRecord) -> tuple[str, float] | None:
     """(target_metric, target_value) the run's job set, or None."""
-    job = run.get("job")
-    metric = job.get("target_metric") if isinstance(job, Mapping) else None
-    value = num(job.get("target_value")) if isinstance(job, Mapping) else None
+    metric, value = run.job.get("target_metric"), num(run.job.get("target_value"))
     return (metric, value) if isinstance(metric, str) and metric and value is not None else None
 
 
-def row_fields(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The Row's evaluation fields: ``ttt`` (median over the repeats that reached the target), ``ttt_reached``
-    (how many did), ``targeted`` (repeats with a target), ``final_validation`` (name -> median of the last
-    evaluation's value over the repeats that evaluated)."""
+def row_validation(runs: Sequence[RunRecord]) -> Validation:
+    """The Row's evaluation figures: ``ttt`` (median over the repeats that reached the target), ``reached`` (how
+    many did), ``targeted`` (repeats with a target), ``final`` (name -> median of the last evaluation's value over
+    the repeats that evaluated)."""
     targeted = [r for r in runs if target_of(r)]
-    times = [t for r in targeted if (t := num(r.get("time_to_target_s"))) is not None]
+    times = [t for r in targeted if (t := num(r.time_to_target_s)) is not None]
     finals: dict[str, list[float]] = {}
     for r in runs:
         ev = evaluations(r)
@@ -47,11 +44,10 @@ def row_fields(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             for k, v in ev[-1].items():
                 if k not in EVALUATION_META and num(v) is not None:
                     finals.setdefault(k, []).append(float(v))
-    return {"ttt": median(times), "ttt_reached": len(times), "targeted": len(targeted),
-            "final_validation": {k: median(v) for k, v in finals.items()}}
+    return Validation(median(times), len(times), len(targeted), {k: median(v) for k, v in finals.items()})
 
 
-def validation_names(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+def validation_names(runs: Sequence[RunRecord]) -> list[str]:
     """The names the runs' last evaluations carry, loss first."""
     names: dict[str, None] = {}
     for r in runs:

@@ -23,7 +23,7 @@ from common.report.render import (
     scaling_table,
     validation_table,
 )
-from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, row_label
+from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, row_label
 from common.report.versions import versions_by_key
 
 STYLE = """
@@ -64,7 +64,7 @@ def img(png: Path) -> str:
 def _job(s: JobSummary, images: Sequence[Path]) -> list[str]:
     """One job's section: key fields, hardware, tables, baselines, notes, plots, machine."""
     key = ", ".join(f"{k} = {s.job[k]}" for k in KEY_JOB_FIELDS if k in s.job)
-    hw = subtitle(s.runs)
+    hw = subtitle(s.records)
     out = [f"<h2>Job {esc(s.name)} <code>{esc(s.job_hash)}</code></h2>",
            f"<p>Key job fields: {esc(key)}.</p>",
            f"<p>{len(s.runs)} runs; backends: {esc(', '.join(s.backends))}"
@@ -87,8 +87,8 @@ def _job(s: JobSummary, images: Sequence[Path]) -> list[str]:
         out += ["<h3>Plots (measured)</h3>", "<div class='plots'>", *(img(p) for p in images), "</div>"]
     if s.notes:
         out += ["<h3>Notes</h3>", "<ul>", *(f"<li>{esc(n)}</li>" for n in s.notes), "</ul>"]
-    runs = sorted(s.runs, key=lambda r: (row_label(r), r["world_size"]))
-    versions = "; ".join(f"{k} {', '.join(sorted(v))}" for k, v in versions_by_key(s.runs).items())
+    runs = sorted(s.records, key=lambda r: (row_label(r), r.world_size))
+    versions = "; ".join(f"{k} {', '.join(sorted(v))}" for k, v in versions_by_key(s.records).items())
     out += ["<h3>Machine</h3>", "<ul>",
             *(f"<li>{esc(line.removeprefix('- '))}</li>" for line in format_machines(runs, row_label)),
             f"<li>software: {esc(versions or 'n/a')}</li>", "</ul>"]

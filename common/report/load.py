@@ -1,5 +1,7 @@
-"""Reading a results directory: finding the JSON files, validating training runs (common.core.results.RunRecord)
-and loading them, and loading the allreduce microbenchmarks."""
+"""Reading a results directory: finding the JSON files and reading each as its record type (training runs as
+``LoadedRun``: common.core.results.RunRecord plus the file it came from; allreduce benchmarks and breakdowns as
+common.core.records.AllreduceRecord and common.core.results.BreakdownRecord). Older files are upgraded to their
+type's current schema as they are read (common.core.records), so nothing past this module asks what a file lacks."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from common.core.results import SCHEMA, BreakdownRecord, RecordError, RunRecord
+from common.core.records import AllreduceRecord
+from common.core.results import BreakdownRecord, RecordError, RunRecord
 from common.report.base import ReportError, warn
 from common.report.stats import num
 
@@ -42,102 +46,87 @@ def result_files(results_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in found if visible(p))
 
 
-def check_run(d: Any) -> str | None:
-    """Why this parsed JSON is not a usable training result, or None if it is.
+class Layout(NamedTuple):
+    """Where a run's ranks ran, from its ``hosts`` (one entry per rank; every schema has it): nodes = distinct
+    hosts, ranks per node = ranks / nodes (None when the nodes hold different numbers), text "2x4" (nodes x ranks
+    per node), "2x(3+1)" for uneven nodes, "?" when the record names no hosts."""
 
-    Presence and JSON types of the required fields are RunRecord's (``RunRecord.from_dict``); the values are
-    checked here.
-    """
-    try:
-        RunRecord.from_dict(d)
-    except RecordError as e:
-        return str(e)
-    if d["schema"] != SCHEMA:
-        return f"schema {d['schema']} is not supported (this report reads schema {SCHEMA})"
-    if d["kind"] != "train":
-        return f"kind {d['kind']!r} is not a training result"
-    if not d["backend"]:
-        return "empty 'backend'"
-    if d["world_size"] < 1 or d["num_workers"] < 1:
-        return f"world_size {d['world_size']} / num_workers {d['num_workers']} must be >= 1"
-    if not _HASH_RE.fullmatch(d["job_hash"]):
-        return f"job_hash {d['job_hash']!r} is not 16 lowercase hex digits"
-    ips = float(d["images_per_sec"])
-    if not (math.isfinite(ips) and ips > 0):
-        return f"images_per_sec {d['images_per_sec']!r} is not a positive number"
-    for k in ("median", "p95"):
-        v = num(d["step_time"].get(k))
-        if v is None or not math.isfinite(v) or v < 0:
-            return f"step_time.{k} {d['step_time'].get(k)!r} is not a non-negative number"
-    ttfs = float(d["time_to_first_step"])
-    if not math.isfinite(ttfs) or ttfs < 0:
-        return f"time_to_first_step {d['time_to_first_step']!r} is not a non-negative number"
-    return None
+    nodes: int | None
+    ranks_per_node: int | None
+    text: str
 
 
-# Files written before the record had ``capabilities`` said some of its facts only in ``backend_info``: read there
-# for them alone. backend_info.strategy (a tf.distribute class name, or the flag's name) -> the --strategy flag.
-LEGACY_STRATEGY_FLAGS = {
-    # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy: what --strategy mwms recorded
-    "CollectiveAllReduceStrategy": "mwms", "MultiWorkerMirroredStrategy": "mwms",
-    "MirroredStrategy": "mirrored", "OneDeviceStrategy": "one_device",
-    "CentralStorageStrategy": "central_storage", "ParameterServerStrategy": "parameter_server",
-}
-LEGACY_DEFAULT_STRATEGY = "mwms"  # native's default: no variant
-
-
-def capabilities(d: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A run's (or an allreduce benchmark's) ``capabilities`` block (``common.core.contract.Capabilities.record``);
-    for an older file without one, the same facts as its ``backend_info`` said them."""
-    caps = d.get("capabilities")
-    if isinstance(caps, Mapping):
-        return caps
-    info = d.get("backend_info")
-    info = info if isinstance(info, Mapping) else {}
-    raw = info.get("strategy")
-    variant = LEGACY_STRATEGY_FLAGS.get(raw, raw) if isinstance(raw, str) and raw else None
-    return {"variant": None if variant in (LEGACY_DEFAULT_STRATEGY, d.get("backend")) else variant,
-            "compression": info.get("compression") or "none", "controller": info.get("controller"),
-            "asynchronous": info.get("asynchronous") is True}
-
-
-def collective_used(d: Mapping[str, Any]) -> str | None:
-    """What carried the reduction (``collective.used``); for an older file without ``collective``, what its
-    ``backend_info`` named (native's ``communication``, else Horovod's ``controller``)."""
-    c = d.get("collective")
-    used = c.get("used") if isinstance(c, Mapping) else None
-    if isinstance(used, str) and used:
-        return used
-    info = d.get("backend_info")
-    old = (info.get("communication") or info.get("controller")) if isinstance(info, Mapping) else None
-    return old if isinstance(old, str) and old else None
-
-
-def layout_of(d: Mapping[str, Any]) -> tuple[int | None, int | None, str]:
-    """(nodes, ranks per node, layout text) of a run from ``hosts`` (one entry per rank; every schema has it):
-    nodes = distinct hosts, ranks per node = ranks / nodes; text "2x4" (nodes x ranks per node), "2x(3+1)" when
-    the nodes hold different numbers of ranks, "?" when the record names no hosts."""
-    hosts = d.get("hosts")
+def layout_of(hosts: Sequence[Any] | None) -> Layout:
+    """The Layout of a run whose ranks ran on ``hosts``."""
     if not isinstance(hosts, list) or not hosts:
-        return None, None, "?"
+        return Layout(None, None, "?")
     counts = Counter(str(h) for h in hosts)
     per = sorted(counts.values(), reverse=True)
     if len(set(per)) == 1:
-        return len(counts), per[0], f"{len(counts)}x{per[0]}"
-    return len(counts), None, f"{len(counts)}x({'+'.join(map(str, per))})"
+        return Layout(len(counts), per[0], f"{len(counts)}x{per[0]}")
+    return Layout(len(counts), None, f"{len(counts)}x({'+'.join(map(str, per))})")
 
 
-def upgrade_run(d: dict[str, Any]) -> None:
-    """Fill in, in place, what an older results file says in another way: ``asynchronous`` (before it was a field
-    of its own, only ``backend_info.asynchronous`` recorded parameter-server runs); ``evaluations`` ([]) and
-    ``time_to_target_s`` (None) for files written before validation; and the derived layout (``_nodes``,
-    ``_ranks_per_node``, ``_layout``: layout_of), which no record states but every one implies."""
-    if not isinstance(d.get("asynchronous"), bool):
-        d["asynchronous"] = capabilities(d).get("asynchronous") is True
-    if not isinstance(d.get("evaluations"), list):  # files from before validation: no evaluation, no target time
-        d["evaluations"] = []
-    d.setdefault("time_to_target_s", None)
-    d["_nodes"], d["_ranks_per_node"], d["_layout"] = layout_of(d)
+@dataclass(frozen=True)
+class LoadedRun:
+    """A training run as the report holds it: its record (of the current schema: older files are upgraded on
+    reading) and where it came from."""
+
+    record: RunRecord
+    path: str | None = None  # the results file it was read from; None for a record handed in, not read
+
+    @property
+    def layout(self) -> Layout:
+        return layout_of(self.record.hosts)
+
+    @classmethod
+    def of(cls, run: LoadedRun | RunRecord | Mapping[str, Any]) -> LoadedRun:
+        """A run handed to the report: loaded already, a record, or a parsed results JSON (RecordError if it is not
+        a readable one)."""
+        if isinstance(run, LoadedRun):
+            return run
+        return cls(run if isinstance(run, RunRecord) else RunRecord.from_dict(run))
+
+
+def check_record(rec: RunRecord) -> str | None:
+    """Why this record is not a usable training result (its values), or None if it is."""
+    if rec.kind != "train":
+        return f"kind {rec.kind!r} is not a training result"
+    if not rec.backend:
+        return "empty 'backend'"
+    if rec.world_size < 1 or rec.num_workers < 1:
+        return f"world_size {rec.world_size} / num_workers {rec.num_workers} must be >= 1"
+    if not _HASH_RE.fullmatch(rec.job_hash):
+        return f"job_hash {rec.job_hash!r} is not 16 lowercase hex digits"
+    if not (math.isfinite(rec.images_per_sec) and rec.images_per_sec > 0):
+        return f"images_per_sec {rec.images_per_sec!r} is not a positive number"
+    for k in ("median", "p95"):
+        v = num(rec.step_time.get(k))
+        if v is None or not math.isfinite(v) or v < 0:
+            return f"step_time.{k} {rec.step_time.get(k)!r} is not a non-negative number"
+    if not math.isfinite(rec.time_to_first_step) or rec.time_to_first_step < 0:
+        return f"time_to_first_step {rec.time_to_first_step!r} is not a non-negative number"
+    return None
+
+
+def read_run(d: Any) -> RunRecord | str:
+    """The record of a parsed results JSON (upgraded to the current schema), or why it is not a usable training
+    result: a missing field, a wrong type, an unsupported schema or a bad value."""
+    try:
+        rec = RunRecord.from_dict(d)
+    except RecordError as e:
+        return str(e)
+    return check_record(rec) or rec
+
+
+def check_run(d: Any) -> str | None:
+    """Why this parsed JSON is not a usable training result, or None if it is.
+
+    Presence and JSON types of the required fields, and the schema, are RunRecord's (``RunRecord.from_dict``);
+    the values are checked here.
+    """
+    got = read_run(d)
+    return got if isinstance(got, str) else None
 
 
 def _read_json(path: Path, warn: Callable[[str], None]) -> tuple[bool, Any]:
@@ -151,43 +140,40 @@ def _read_json(path: Path, warn: Callable[[str], None]) -> tuple[bool, Any]:
     return False, None
 
 
-def load_runs(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None] = warn) -> list[dict[str, Any]]:
+def load_runs(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None] = warn) -> list[LoadedRun]:
     """Parse every complete results JSON under ``results_dir`` (and one level of subdirectories).
 
     Unreadable, unparsable or incomplete files are skipped with a one-line warning naming the file; a file
-    repeating an already loaded ``run_id`` (a copy) is skipped too. Each returned dict is the JSON object plus
-    ``_path`` (the file it came from). Raises ReportError if ``results_dir`` is not a directory.
+    repeating an already loaded ``run_id`` (a copy) is skipped too. Raises ReportError if ``results_dir`` is not
+    a directory.
     """
     root = Path(results_dir)
     if not root.exists():
         raise ReportError(f"results directory {str(root)!r} does not exist")
     if not root.is_dir():
         raise ReportError(f"{str(root)!r} is not a directory; pass the directory holding the results JSONs")
-    runs: list[dict[str, Any]] = []
+    runs: list[LoadedRun] = []
     seen: dict[str, Path] = {}
     for path in result_files(root):
         ok, data = _read_json(path, warn)
         if not ok:
             continue
-        if isinstance(data, dict) and data.get("kind") in OTHER_KINDS:
+        if isinstance(data, dict) and data.get("kind") in OTHER_KINDS:  # the file's kind, before it is typed
             continue  # not a training run: sweep manifests, allreduce benchmarks, breakdowns (reported separately)
-        problem = check_run(data)
-        if problem:
-            warn(f"skipping {path}: {problem}")
+        rec = read_run(data)
+        if isinstance(rec, str):
+            warn(f"skipping {path}: {rec}")
             continue
-        run_id = data.get("run_id")
-        if isinstance(run_id, str) and run_id:
-            if run_id in seen:
-                warn(f"skipping {path}: same run_id {run_id!r} as {seen[run_id]} (a copy)")
+        if rec.run_id:
+            if rec.run_id in seen:
+                warn(f"skipping {path}: same run_id {rec.run_id!r} as {seen[rec.run_id]} (a copy)")
                 continue
-            seen[run_id] = path
-        expected = recompute_job_hash(data["job"])
-        if expected != data["job_hash"]:
-            warn(f"{path}: job_hash {data['job_hash']} does not match its job fields (they hash to {expected}); "
+            seen[rec.run_id] = path
+        expected = recompute_job_hash(rec.job)
+        if expected != rec.job_hash:
+            warn(f"{path}: job_hash {rec.job_hash} does not match its job fields (they hash to {expected}); "
                  "grouped by the recorded job_hash")
-        upgrade_run(data)
-        data["_path"] = str(path)
-        runs.append(data)
+        runs.append(LoadedRun(rec, str(path)))
     return runs
 
 
@@ -202,17 +188,22 @@ def _of_kind(results_dir: str | os.PathLike[str], kind: str) -> Iterator[tuple[P
             yield path, d
 
 
-def load_allreduce(results_dir: str | os.PathLike[str], *, warn: Callable[[str], None] = warn) -> list[dict[str, Any]]:
+def load_allreduce(results_dir: str | os.PathLike[str], *,
+                   warn: Callable[[str], None] = warn) -> list[AllreduceRecord]:
     """The ``kind: allreduce`` JSONs (common.diagnostics.allreduce) under ``results_dir``, newest last per backend x
     size."""
     out = []
     for path, d in _of_kind(results_dir, "allreduce"):
-        if not isinstance(d.get("rows"), list) or not isinstance(d.get("world_size"), int) or not d.get("backend"):
-            warn(f"skipping {path}: incomplete allreduce benchmark")
-            continue
-        d["_path"] = str(path)
-        out.append(d)
-    return sorted(out, key=lambda d: (d["backend"], d["world_size"], str(d.get("finished_at", ""))))
+        try:
+            out.append(AllreduceRecord.from_dict(d))
+        except RecordError as e:
+            warn(f"skipping {path}: incomplete allreduce benchmark ({e})")
+    return sort_allreduce(out)
+
+
+def sort_allreduce(benches: Iterable[AllreduceRecord]) -> list[AllreduceRecord]:
+    """Per backend and world size, oldest first (the newest is the last)."""
+    return sorted(benches, key=lambda b: (b.backend, b.world_size, str(b.finished_at or "")))
 
 
 def load_breakdowns(results_dir: str | os.PathLike[str], *,
@@ -222,12 +213,7 @@ def load_breakdowns(results_dir: str | os.PathLike[str], *,
     out = []
     for path, d in _of_kind(results_dir, "breakdown"):
         try:
-            rec = BreakdownRecord.from_dict(d)
+            out.append(BreakdownRecord.from_dict(d))
         except RecordError as e:
             warn(f"skipping {path}: {e}")
-            continue
-        if rec.schema != SCHEMA:
-            warn(f"skipping {path}: schema {rec.schema} is not supported (this report reads schema {SCHEMA})")
-            continue
-        out.append(rec)
     return sorted(out, key=lambda r: str(r.finished_at or ""))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.cluster.machine import section
+from common.core.results import RunRecord
 from common.report.base import NA
 
 NOT_RECORDED = "machine not recorded"  # the hardware label of a run whose record predates the machine block
@@ -38,20 +39,23 @@ class MachineKey:
         return ", ".join(parts)
 
 
-def block(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    m = run.get("machine")
-    return m if isinstance(m, Mapping) else None
+def block(run: RunRecord) -> Mapping[str, Any] | None:
+    return run.machine if isinstance(run.machine, Mapping) else None
 
 
-def hardware_of(run: Mapping[str, Any]) -> Hardware | None:
+def hardware_of(run: RunRecord) -> Hardware | None:
     m = block(run)
     if m is None:
         return None
     return tuple(map(str, m.get("distinct_cpu_models") or ())), tuple(map(str, m.get("distinct_gpu_models") or ()))
 
 
-def nodes_of(run: Mapping[str, Any]) -> int | None:
-    m = block(run)
+def nodes_of(run: RunRecord) -> int | None:
+    return _num_nodes(block(run))
+
+
+def _num_nodes(m: Mapping[str, Any] | None) -> int | None:
+    """A machine block's node count (None: not recorded)."""
     n = m.get("num_nodes") if m is not None else None
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
@@ -73,7 +77,7 @@ def _models(models: Sequence[str], none: str) -> str:
     return " + ".join(short_model(m) for m in models) if models else none
 
 
-def hardware_labels(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+def hardware_labels(runs: Sequence[RunRecord]) -> list[str]:
     """Per run, the hardware part of its row label: "" when all the job's runs share one hardware; else what
     differs, the GPU model(s) ("no GPU") and/or the CPU model(s), and NOT_RECORDED for older records."""
     hws = [hardware_of(r) for r in runs]
@@ -94,13 +98,13 @@ def hardware_labels(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return [label(h) for h in hws]
 
 
-def machine_keys(runs: Sequence[Mapping[str, Any]], label_of: Callable[[Mapping[str, Any]], str]) -> list[MachineKey]:
+def machine_keys(runs: Sequence[RunRecord], label_of: Callable[[RunRecord], str]) -> list[MachineKey]:
     """Per run (in order), its place among the job's machines; ``label_of`` gives a run's row label without it."""
     hardware = hardware_labels(runs)
     nodes = [nodes_of(r) for r in runs]
     seen: dict[tuple[str, str, int, int], set[int | None]] = {}
     for r, hw, n in zip(runs, hardware, nodes):
-        seen.setdefault((label_of(r), hw, r["world_size"], r["num_workers"]), set()).add(n)
+        seen.setdefault((label_of(r), hw, r.world_size, r.num_workers), set()).add(n)
     split = {(label, hw) for (label, hw, _, _), ns in seen.items() if len(ns) > 1}
     return [MachineKey(hw, n, (label_of(r), hw) in split) for r, hw, n in zip(runs, hardware, nodes)]
 
@@ -140,11 +144,11 @@ def _libraries_text(m: Mapping[str, Any], keys: Sequence[tuple[str, str]]) -> st
 def describe(m: Mapping[str, Any]) -> str:
     """One machine set: CPU x cores, GPU or "no GPU", nodes, CUDA / cuDNN / MPI (NCCL and Slurm jobs are listed per
     line by ``format_machines``: they differ between backends and runs of one machine)."""
-    return (f"{_cpu_text(m)}; {_gpu_text(m)}; {nodes_text(nodes_of({'machine': m}))}; "
+    return (f"{_cpu_text(m)}; {_gpu_text(m)}; {nodes_text(_num_nodes(m))}; "
             f"{_libraries_text(m, (('cuda', 'CUDA'), ('cudnn', 'cuDNN'), ('mpi', 'MPI')))}")
 
 
-def _slurm_jobs(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+def _slurm_jobs(runs: Sequence[RunRecord]) -> list[str]:
     out = []
     for r in runs:
         for s in section(block(r) or {}, "slurm"):
@@ -154,10 +158,10 @@ def _slurm_jobs(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def format_machines(runs: Sequence[Mapping[str, Any]], label_of: Callable[[Mapping[str, Any]], str]) -> list[str]:
+def format_machines(runs: Sequence[RunRecord], label_of: Callable[[RunRecord], str]) -> list[str]:
     """The Machine section's lines: one per distinct machine set, with its runs (row label: replicas), the NCCL
     versions the runs' Horovod reported and their Slurm jobs."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
+    groups: dict[str, list[RunRecord]] = {}
     for r in runs:
         m = block(r)
         groups.setdefault(describe(m) if m is not None else NOT_RECORDED + " (results written before the machine "
@@ -166,10 +170,10 @@ def format_machines(runs: Sequence[Mapping[str, Any]], label_of: Callable[[Mappi
     for text, members in groups.items():
         sizes: dict[str, list[int]] = {}
         for r in members:
-            sizes.setdefault(label_of(r), []).append(r["world_size"])
+            sizes.setdefault(label_of(r), []).append(r.world_size)
         which = "; ".join(f"{b}: {', '.join(map(str, sorted(set(ws))))} replica{'' if set(ws) == {1} else 's'}"
                           for b, ws in sizes.items())
-        nccl = [f"{x['nccl']} ({r['backend']})" for r in members for x in section(block(r) or {}, "libraries")
+        nccl = [f"{x['nccl']} ({r.backend})" for r in members for x in section(block(r) or {}, "libraries")
                 if isinstance(x, Mapping) and x.get("nccl")]
         extra = f"; NCCL {_distinct(nccl)}" if nccl else ""
         jobs = _slurm_jobs(members)
@@ -178,7 +182,7 @@ def format_machines(runs: Sequence[Mapping[str, Any]], label_of: Callable[[Mappi
     return lines
 
 
-def subtitle(runs: Sequence[Mapping[str, Any]]) -> str:
+def subtitle(runs: Sequence[RunRecord]) -> str:
     """The plots' second title line: the GPU model(s), else the CPU model(s), and the node counts ("" when no run
     recorded its machine)."""
     hws = [h for r in runs if (h := hardware_of(r)) is not None]

@@ -8,10 +8,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common.core import registry
+from common.core.records import AllreduceRecord
 from common.report.base import NA
 from common.report.machines import subtitle
+from common.report.rows import JobSummary, Row
 from common.report.stats import num
-from common.report.summary import JobSummary
 
 
 def backend_color(name: str, index: int) -> str:
@@ -29,25 +30,25 @@ SERIES_STYLES = (("-", "o"), ("-.", "s"), (":", "^"), ("-", "D"))  # a backend's
 def line_styles(s: JobSummary) -> dict[str, Style]:
     """Each row label's line: its backend's colour, and for a backend whose rows name several machines a line
     style and marker per machine (dashes stay for the ideal lines)."""
-    plains = list(dict.fromkeys(r.plain for r in s.rows))
+    plains = list(dict.fromkeys(r.identity.plain for r in s.rows))
     drawn: dict[str, int] = {}  # backend label -> its row labels styled so far
     out: dict[str, Style] = {}
     for b in s.backends:
-        plain = next(r.plain for r in s.rows if r.backend == b)
+        plain = next(r.identity.plain for r in s.rows if r.identity.label == b)
         line, marker = SERIES_STYLES[drawn.get(plain, 0) % len(SERIES_STYLES)]
         drawn[plain] = drawn.get(plain, 0) + 1
         out[b] = (backend_color(plain, plains.index(plain)), line, marker)
     return out
 
 
-def primary_rows(rows: Sequence[Any]) -> list[Any]:
+def primary_rows(rows: Sequence[Row]) -> list[Row]:
     """The rows a backend's line joins: per world size the one on the fewest nodes (the others, other layouts at
     that size, are drawn as separate hollow points labelled with their layout)."""
-    best: dict[int, Any] = {}
+    best: dict[int, Row] = {}
     for r in rows:
-        n = r.layout_counts[0]
-        if r.world_size not in best or (n is not None and (best[r.world_size].layout_counts[0] or 1 << 30) > n):
-            best[r.world_size] = r
+        n, ws = r.layout_counts[0], r.identity.world_size
+        if ws not in best or (n is not None and (best[ws].layout_counts[0] or 1 << 30) > n):
+            best[ws] = r
     return [best[w] for w in sorted(best)]
 
 
@@ -82,26 +83,25 @@ def _throughput(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int]
     fig = _new_figure()
     ax = fig.add_subplot()
     for b in s.backends:
-        rows = [r for r in s.rows if r.backend == b]
-        xs = [r.world_size for r in rows]
+        rows = [r for r in s.rows if r.identity.label == b]
+        xs = [r.identity.world_size for r in rows]
         color, line, marker = styles[b]
         main = primary_rows(rows)
-        ax.plot([r.world_size for r in main], [r.ips_median for r in main], marker=marker, linestyle=line,
-                color=color, label=f"{b} (median)")
+        ax.plot([r.identity.world_size for r in main], [r.throughput.median for r in main], marker=marker,
+                linestyle=line, color=color, label=f"{b} (median)")
         for r in rows:
+            ws, ips, iv = r.identity.world_size, r.throughput.median, r.throughput.interval
             if r not in main:  # another layout at a size already drawn: a point of its own, hollow
-                ax.plot([r.world_size], [r.ips_median], marker=marker, linestyle="none", color=color,
-                        markerfacecolor="white")
-            if sum(x == r.world_size for x in xs) > 1:  # several layouts at this size: name each
-                ax.annotate(r.layout, (r.world_size, r.ips_median), textcoords="offset points", xytext=(5, -10),
-                            fontsize=7, color=color)
-            if r.ips_interval is not None:
-                ax.vlines(r.world_size, r.ips_interval.low, r.ips_interval.high, color=color, alpha=0.6,
-                          linewidth=3)
-        base = next((r for r in rows if r.world_size == 1), None)
+                ax.plot([ws], [ips], marker=marker, linestyle="none", color=color, markerfacecolor="white")
+            if sum(x == ws for x in xs) > 1:  # several layouts at this size: name each
+                ax.annotate(r.identity.layout, (ws, ips), textcoords="offset points", xytext=(5, -10), fontsize=7,
+                            color=color)
+            if iv is not None:
+                ax.vlines(ws, iv.low, iv.high, color=color, alpha=0.6, linewidth=3)
+        base = next((r for r in rows if r.identity.world_size == 1), None)
         if base is not None:
             xi = sorted({1, *xs})
-            ax.plot(xi, [base.ips_median * x for x in xi], "--", color=color, alpha=0.7,
+            ax.plot(xi, [base.throughput.median * x for x in xi], "--", color=color, alpha=0.7,
                     label=f"{b} ideal (linear from 1 replica)")
     _setup_x(ax, sizes)
     ax.set_ylim(bottom=0)
@@ -111,30 +111,36 @@ def _throughput(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int]
     return _png_bytes(fig)
 
 
+def _eff(r: Row) -> float:
+    """The efficiency of a row that has one."""
+    assert r.scaling.efficiency is not None
+    return r.scaling.efficiency
+
+
 def _efficiency(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int], title: str) -> bytes:
     fig = _new_figure()
     ax = fig.add_subplot()
     drawn = False
     for b in s.backends:
-        rows = [r for r in s.rows if r.backend == b and r.efficiency is not None]
+        rows = [r for r in s.rows if r.identity.label == b and r.scaling.efficiency is not None]
         main = primary_rows(rows)
         if rows:
             color, line, marker = styles[b]
-            ax.plot([r.world_size for r in main], [100 * r.efficiency for r in main], marker=marker, linestyle=line,
-                    color=color, label=b)
+            ax.plot([r.identity.world_size for r in main], [100 * _eff(r) for r in main], marker=marker,
+                    linestyle=line, color=color, label=b)
             for r in rows:
                 if r not in main:
-                    ax.plot([r.world_size], [100 * r.efficiency], marker=marker, linestyle="none", color=color,
+                    ax.plot([r.identity.world_size], [100 * _eff(r)], marker=marker, linestyle="none", color=color,
                             markerfacecolor="white")
-                    ax.annotate(r.layout, (r.world_size, 100 * r.efficiency), textcoords="offset points",
-                                xytext=(5, -10), fontsize=7, color=color)
+                    ax.annotate(r.identity.layout, (r.identity.world_size, 100 * _eff(r)),
+                                textcoords="offset points", xytext=(5, -10), fontsize=7, color=color)
             drawn = True
     ax.axhline(100, linestyle="--", color="gray", label="ideal (100%)")
     if not drawn:
         ax.set_xlim(min(sizes) / 1.5, max(sizes) * 1.5)
         ax.text(0.5, 0.5, f"no 1-replica baseline: efficiency {NA}", transform=ax.transAxes, ha="center")
     _setup_x(ax, sizes)
-    ax.set_ylim(0, max([110.0] + [100 * r.efficiency * 1.05 for r in s.rows if r.efficiency is not None]))
+    ax.set_ylim(0, max([110.0] + [100 * _eff(r) * 1.05 for r in s.rows if r.scaling.efficiency is not None]))
     ax.set_ylabel("scaling efficiency (%)")
     ax.set_title(f"efficiency — {title}", fontsize=9)
     ax.legend(fontsize=8)
@@ -144,22 +150,22 @@ def _efficiency(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int]
 def plot_job(summary: JobSummary) -> dict[str, bytes]:
     """PNG bytes of the throughput and efficiency plots, keyed by file name (named with the job hash)."""
     s = summary
-    sizes = sorted({r.world_size for r in s.rows})
+    sizes = sorted({r.identity.world_size for r in s.rows})
     styles = line_styles(s)
-    machine = subtitle(s.runs)  # the GPU (or CPU) model and the nodes, under the job's name
+    machine = subtitle(s.records)  # the GPU (or CPU) model and the nodes, under the job's name
     title = f"{s.name} ({s.job_hash})" + (f"\n{machine}" if machine else "")
     return {f"throughput_{s.job_hash}.png": _throughput(s, styles, sizes, title),
             f"efficiency_{s.job_hash}.png": _efficiency(s, styles, sizes, title)}
 
 
-def plot_allreduce(benches: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
+def plot_allreduce(benches: Sequence[AllreduceRecord]) -> dict[str, bytes]:
     """PNG bytes of the allreduce bus bandwidth per message size, one line per benchmark."""
     fig = _new_figure()
     ax = fig.add_subplot()
     for i, b in enumerate(benches):
-        rows = [r for r in b["rows"] if num(r.get("busbw_GBps")) is not None]
+        rows = [r for r in b.rows if num(r.get("busbw_GBps")) is not None]
         ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-",
-                color=backend_color(b["backend"], i), label=f"{b['backend']}, {b['world_size']} ranks")
+                color=backend_color(b.backend, i), label=f"{b.backend}, {b.world_size} ranks")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")

@@ -6,28 +6,29 @@ import csv
 import io
 import json
 import math
-import re
-import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from common.report.base import NA, NO_INTERVAL, fmt_value
 from common.report.best import best_ratios, best_rows
+from common.report.environment import (
+    binding_mix,
+    environment_section,
+    machine_section,
+    md_escape,
+    run_files,
+    shorten_paths,
+)
 from common.report.evaluation import TTT_METHOD, validation_names
-from common.report.machines import format_machines
-from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS
-from common.report.summary import (
+from common.report.rows import (
     RATIO_DEN,
     RATIO_NUM,
     JobSummary,
     RatioRow,
     Row,
     input_text,
-    order_backends,
-    row_label,
 )
-from common.report.versions import versions_by_key
+from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS
 
 METHOD = (
     "centre = the median images/s over a row's repeats (Hoefler & Belli, SC15: medians and nonparametric "
@@ -80,7 +81,8 @@ def fmt_num(x: float | None, fmt: str, scale: float = 1.0, suffix: str = "") -> 
 
 def interval_text(row: Row) -> str:
     """The row's interval cell: "[lo, hi] 95% CI", "[lo, hi] min-max (n=3)" or NO_INTERVAL."""
-    return row.ips_interval.text() if row.ips_interval is not None else NO_INTERVAL
+    iv = row.throughput.interval
+    return iv.text() if iv is not None else NO_INTERVAL
 
 
 def ratio_text(ratio: float | None, ci: tuple[float, float] | None) -> str:
@@ -92,37 +94,38 @@ def ratio_text(ratio: float | None, ci: tuple[float, float] | None) -> str:
 
 def has_target(summary: JobSummary) -> bool:
     """The job sets a target (the time-to-target column is shown beside throughput)."""
-    return any(r.targeted for r in summary.rows)
+    return any(r.validation.targeted for r in summary.rows)
 
 
 def scaling_table(summary: JobSummary) -> tuple[tuple[str, ...], list[list[str]]]:
     """The job's scaling table (one row per backend x world size x layout) as header and text cells."""
     f = fmt_num
-    body = [[r.backend, str(r.world_size), r.layout, str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f"),
-             interval_text(r), f(r.speedup, ".2f", suffix="x"),
-             f(r.efficiency, ".1f", 100, "%"), f(r.step_p50, ".2f", 1e3), f(r.step_p95, ".2f", 1e3),
-             f(r.time_to_first_step, ".2f"), f(r.final_loss, ".4f"), input_text(r), r.collective or NA]
+    body = [[*_cell_cells(r), interval_text(r), f(r.scaling.speedup, ".2f", suffix="x"),
+             f(r.scaling.efficiency, ".1f", 100, "%"), f(r.steps.p50, ".2f", 1e3), f(r.steps.p95, ".2f", 1e3),
+             f(r.steps.first_step, ".2f"), f(r.facts.final_loss, ".4f"), input_text(r), r.facts.collective or NA]
             for r in summary.rows]
     if has_target(summary):
-        return (*TABLE_HEADER, "time to target (s)"), [[*b, f(r.ttt, ".2f")]
+        return (*TABLE_HEADER, "time to target (s)"), [[*b, f(r.validation.ttt, ".2f")]
                                                       for b, r in zip(body, summary.rows)]
     return TABLE_HEADER, body
+
+
+def _cell_cells(r: Row) -> list[str]:
+    """The first cells of a row in every per-row table: label, replicas, layout, workers, repeats, img/s median."""
+    i = r.identity
+    return [i.label, str(i.world_size), i.layout, str(i.num_workers), str(r.throughput.repeats),
+            fmt_num(r.throughput.median, ".1f")]
 
 
 def baselines(summary: JobSummary) -> list[str]:
     """One line per series: the absolute 1-replica throughput its speedup and efficiency are against."""
     out = []
-    for series in dict.fromkeys(r.series for r in summary.rows):
-        base = next((r for r in summary.rows if r.series == series and r.world_size == 1), None)
+    for series in dict.fromkeys(r.identity.series for r in summary.rows):
+        base = next((r for r in summary.rows if r.identity.series == series and r.identity.world_size == 1), None)
         if base is not None:
-            out.append(f"{series}: 1 replica ({base.layout}), {base.ips_median:.1f} img/s median of "
-                       f"{base.repeats} repeat(s), {interval_text(base)}")
+            out.append(f"{series}: 1 replica ({base.identity.layout}), {base.throughput.median:.1f} img/s median of "
+                       f"{base.throughput.repeats} repeat(s), {interval_text(base)}")
     return out
-
-
-def md_escape(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
 def md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -130,15 +133,6 @@ def md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in body]
     return "\n".join(lines)
-
-
-def distinct(values: Iterable[str], limit: int = 12) -> str:
-    """The distinct values as code spans, in first-seen order, at most ``limit`` of them."""
-    seen = list(dict.fromkeys(values))
-    if not seen:
-        return NA
-    more = f", … and {len(seen) - limit} more" if len(seen) > limit else ""
-    return ", ".join(f"`{v}`" for v in seen[:limit]) + more
 
 
 def format_table(summary: JobSummary) -> str:
@@ -176,8 +170,8 @@ def _like_for_like(q: RatioRow) -> str:
 def validation_table(summary: JobSummary) -> tuple[list[str], list[list[str]], str] | None:
     """Time to target beside throughput, and the final validation numbers, per row, as (header, body, the note on
     its method); None when no run of the job evaluated (rows of runs without evaluation show n/a)."""
-    names = validation_names(summary.runs)
-    targeted = any(r.targeted for r in summary.rows)
+    names = validation_names(summary.records)
+    targeted = has_target(summary)
     if not names and not targeted:
         return None
     f = fmt_num
@@ -187,10 +181,11 @@ def validation_table(summary: JobSummary) -> tuple[list[str], list[list[str]], s
     header += [f"final val {n}" for n in names]
     body = []
     for r in summary.rows:
-        cells = [r.backend, str(r.world_size), r.layout, str(r.num_workers), str(r.repeats), f(r.ips_median, ".1f")]
+        v = r.validation
+        cells = _cell_cells(r)
         if targeted:
-            cells += [f(r.ttt, ".2f"), f"{r.ttt_reached}/{r.targeted}" if r.targeted else NA]
-        cells += [f(r.final_validation.get(n), ".4f") for n in names]
+            cells += [f(v.ttt, ".2f"), f"{v.reached}/{v.targeted}" if v.targeted else NA]
+        cells += [f(v.final.get(n), ".4f") for n in names]
         body.append(cells)
     job = summary.job
     target = (f"target: {job.get('target_metric')} {'<=' if job.get('target_metric') == 'loss' else '>='} "
@@ -225,9 +220,9 @@ def best_tables(summary: JobSummary) -> list[tuple[tuple[str, ...], list[list[st
     if not cells:
         return []
     f = fmt_num
-    body = [[c.backend, str(c.world_size), f(c.default.ips_median if c.default else None, ".1f"), c.best_name,
-             f(c.best.ips_median, ".1f"), f(c.best.ips_median / c.default.ips_median if c.default else None, ".3f")]
-            for c in cells]
+    body = [[c.backend, str(c.world_size), f(c.default.throughput.median if c.default else None, ".1f"),
+             c.best_name, f(c.best.throughput.median, ".1f"),
+             f(c.best.throughput.median / c.default.throughput.median if c.default else None, ".3f")] for c in cells]
     out = [(("backend", "replicas", "default img/s", "fastest variant", "fastest img/s", "fastest / default"),
             body)]
     ratios = [[str(q.world_size), f(q.default_ratio, ".3f"), f(q.best_ratio, ".3f"), q.den_best, q.num_best]
@@ -236,27 +231,6 @@ def best_tables(summary: JobSummary) -> list[tuple[tuple[str, ...], list[list[st
         out.append((("replicas", f"{RATIO_NUM}/{RATIO_DEN} defaults", f"{RATIO_NUM}/{RATIO_DEN} fastest",
                      f"fastest {RATIO_DEN}", f"fastest {RATIO_NUM}"), ratios))
     return out
-
-
-def _rank_strings(runs: Sequence[Mapping[str, Any]], key: str) -> list[str]:
-    out = []
-    for r in runs:
-        v = r.get(key)
-        if isinstance(v, list):
-            out += [str(x) for x in v]
-    return out
-
-
-def binding_mix(runs: list[dict[str, Any]]) -> str | None:
-    """"native: self; horovod: none" when a job's runs were bound differently (``topology.cpu_bind``: who bound
-    each rank), else None; runs that predate the record count as "unknown"."""
-    seen: dict[str, set[str]] = {}
-    for r in runs:
-        how = (r.get("topology") or {}).get("cpu_bind") or ["unknown"]
-        seen.setdefault(str(r.get("backend")), set()).update(str(x) for x in how)
-    if len({frozenset(v) for v in seen.values()}) <= 1 and all(len(v) == 1 for v in seen.values()):
-        return None
-    return "; ".join(f"{b}: {', '.join(sorted(v))}" for b, v in sorted(seen.items()))
 
 
 def _head(s: JobSummary, h: str) -> list[str]:
@@ -270,7 +244,7 @@ def _head(s: JobSummary, h: str) -> list[str]:
     if s.version_mix:
         lines += [f"**Mixed software versions** (compared anyway, --allow-mixed-versions): "
                   f"{md_escape('; '.join(s.version_mix))}.", ""]
-    mix = binding_mix(s.runs)
+    mix = binding_mix(s.records)
     if mix:
         lines += [f"**Mixed CPU binding**: {md_escape(mix)}. Binding alone moved a backend's throughput by 8-43% "
                   "on the CPU machine of docs/multinode.md, \"CPU binding\": compare runs bound alike.", ""]
@@ -286,92 +260,6 @@ def _head(s: JobSummary, h: str) -> list[str]:
     return lines + ([f"{h}# Best vs best", "", best, ""] if best else [])
 
 
-HOME_PATTERN = re.compile(r"(?:/home|/Users)/[^/\s'\"]+|/root(?=/|\s|$|['\"])")  # home directories on Linux,
-# macOS and root's: the report names none, whoever made the runs
-
-
-def shorten_paths(text: str, results_dir: Path | None = None) -> str:
-    """``text`` with the results directory written "." and any home directory "~": the report's paths are relative
-    to the results directory and name no home."""
-    if results_dir is not None:
-        for d in dict.fromkeys((str(results_dir.resolve()), str(results_dir.absolute()))):
-            text = re.sub(re.escape(d.rstrip("/")) + r"(?=/|\s|$|['\"=,:])", ".", text)
-    home = str(Path.home()).rstrip("/")
-    if home not in ("", "/"):
-        text = re.sub(re.escape(home) + r"(?=/|\s|$|['\"=,:])", "~", text)
-    return HOME_PATTERN.sub("~", text)
-
-
-def short_command(cmd: Sequence[Any], results_dir: Path | None = None) -> str:
-    """A recorded command line as shell words, the interpreter by its name (its path is the environment's: the
-    versions line says which Python) and paths shortened (``shorten_paths``)."""
-    words = [str(c) for c in cmd]
-    if words and "/" in words[0] and Path(words[0]).name.startswith("python"):
-        words[0] = Path(words[0]).name
-    return shorten_paths(shlex.join(words), results_dir)
-
-
-def _environment(s: JobSummary, h: str, results_dir: Path | None = None) -> list[str]:
-    """Versions, hosts, devices, backend_info, run period and an example command per backend (paths relative to
-    the results directory, no home directory)."""
-    runs = s.runs
-    labels = order_backends({r.plain for r in s.rows})  # row labels without their machine part
-    lines = [f"{h}# Environment", ""]
-    parts = []
-    for k, vals in versions_by_key(runs).items():
-        if len(vals) == 1:
-            parts.append(f"{k} {next(iter(vals))}")
-        else:
-            parts.append(f"{k} DIFFERS: " + ", ".join(f"{v} ({', '.join(order_backends(bs))})"
-                                                      for v, bs in sorted(vals.items())))
-    lines.append(f"- versions: {'; '.join(parts) or NA}")
-    lines.append(f"- hosts: {distinct(_rank_strings(runs, 'hosts'))}")
-    lines.append(f"- devices: {distinct(_rank_strings(runs, 'devices'))}")
-    for b in labels:
-        infos = [shorten_paths(json.dumps(r["backend_info"], sort_keys=True), results_dir) for r in runs
-                 if row_label(r) == b and isinstance(r.get("backend_info"), dict)]
-        shown = [i if len(i) <= 300 else i[:297] + "..." for i in dict.fromkeys(infos)]
-        lines.append(f"- backend_info ({b}): {distinct(shown, limit=4)}")
-    starts = sorted(str(r["started_at"]) for r in runs if r.get("started_at"))
-    ends = sorted(str(r["finished_at"]) for r in runs if r.get("finished_at"))
-    if starts or ends:
-        lines.append(f"- runs from {starts[0] if starts else '?'} to {ends[-1] if ends else '?'}")
-    for b in labels:
-        cmd = next((r["command"] for r in runs if row_label(r) == b and isinstance(r.get("command"), list)), None)
-        if cmd:
-            lines.append(f"- example command ({b}): `{md_escape(short_command(cmd, results_dir))}`")
-    return lines + [""]
-
-
-def _machine(s: JobSummary, h: str) -> list[str]:
-    """One line per distinct machine set the job's runs ran on (common.report.machines)."""
-    several = any(r.machine for r in s.rows)
-    why = (" Runs on different machines never share a row: when the job ran on several CPU or GPU models every row "
-           "names its own (and each has its own 1-replica baseline), and a backend whose runs of one size ran on "
-           "different node counts names the node count in its rows (the baseline stays its 1-replica run)."
-           if several else "")
-    order = order_backends({row_label(r) for r in s.runs})
-    runs = sorted(s.runs, key=lambda r: (order.index(row_label(r)), r["world_size"]))  # lines list them so
-    return [f"{h}# Machine", "", f"CPU model x logical cores; GPU (memory, compute capability, driver) or no GPU; "
-            f"nodes; CUDA and cuDNN TensorFlow was built with, MPI, the NCCL Horovod was built with; Slurm job.step "
-            f"(partition).{why}", "", *(md_escape(line) for line in format_machines(runs, row_label)), ""]
-
-
-def _run_files(s: JobSummary, results_dir: Path | None) -> list[str]:
-    """The collapsed list of run files, relative to the results directory."""
-    files = []
-    for r in sorted(s.runs, key=lambda r: (r["backend"], r["world_size"], str(r.get("_path")))):
-        p = Path(str(r.get("_path", "?")))
-        if results_dir is not None:
-            try:
-                p = p.relative_to(results_dir)
-            except ValueError:
-                pass
-        reps = f"{r['world_size']} replica{'' if r['world_size'] == 1 else 's'}"
-        files.append(f"- `{p}`: {row_label(r)}, {reps}, {float(r['images_per_sec']):.1f} img/s")
-    return ["<details><summary>Run files</summary>", ""] + files + ["", "</details>", ""]
-
-
 def format_section(summary: JobSummary, *, level: int = 2, out_dir: Path | None = None,
                    results_dir: Path | None = None, images: Sequence[Path] = ()) -> str:
     """The full Markdown section for one job: header, key fields, tables, notes, plots and environment."""
@@ -382,11 +270,11 @@ def format_section(summary: JobSummary, *, level: int = 2, out_dir: Path | None 
     if images:
         lines += [f"{h}# Plots", ""]
         lines += [f"![{p.stem}]({p.name})" for p in images] + [""]
-    lines += _machine(s, h)
-    lines += _environment(s, h, results_dir)
+    lines += machine_section(s, h)
+    lines += environment_section(s, h, results_dir)
     lines += ["<details><summary>Full job definition</summary>", "", "```json",
               json.dumps(s.job, indent=1, sort_keys=True), "```", "", "</details>", ""]
-    return "\n".join(lines + _run_files(s, results_dir))
+    return "\n".join(lines + run_files(s, results_dir))
 
 
 def results_line(summaries: Sequence[JobSummary], sources: Sequence[Path]) -> str:
@@ -421,17 +309,17 @@ def format_csv(summaries: Sequence[JobSummary]) -> str:
 
     for s in summaries:
         for r in s.rows:
-            iv = r.ips_interval
-            rlo, rhi = r.ratio_ci if r.ratio_ci else (None, None)
+            i, t, sc, st, v = r.identity, r.throughput, r.scaling, r.steps, r.validation
+            iv = t.interval
+            rlo, rhi = sc.ratio_ci if sc.ratio_ci else (None, None)
             nodes, per = r.layout_counts
-            w.writerow([s.job_hash, s.name, r.backend, r.world_size, r.layout, c(nodes), c(per), r.num_workers,
-                        r.repeats, c(r.global_batch_size), c(r.ips_median), iv.kind if iv else "",
-                        c(iv.low if iv else None), c(iv.high if iv else None), c(min(r.ips)), c(max(r.ips)),
-                        c(r.speedup), c(r.efficiency), c(r.ratio), c(rlo), c(rhi),
-                        c(r.step_p50),
-                        c(r.step_p95), c(r.step_mean), c(r.time_to_first_step), c(r.timed_wall_time),
-                        c(r.final_loss), r.input_method or "", c(r.input_fraction), r.input_verdict or "",
-                        r.collective or "", r.variant or "", c(r.ttt),
-                        f"{r.ttt_reached}/{r.targeted}" if r.targeted else "",
-                        ";".join(f"{k}={v!r}" for k, v in r.final_validation.items() if v is not None)])
+            w.writerow([s.job_hash, s.name, i.label, i.world_size, i.layout, c(nodes), c(per), i.num_workers,
+                        t.repeats, c(r.facts.global_batch_size), c(t.median), iv.kind if iv else "",
+                        c(iv.low if iv else None), c(iv.high if iv else None), c(min(t.ips)), c(max(t.ips)),
+                        c(sc.speedup), c(sc.efficiency), c(sc.ratio), c(rlo), c(rhi),
+                        c(st.p50), c(st.p95), c(st.mean), c(st.first_step), c(st.timed_wall),
+                        c(r.facts.final_loss), r.input.method or "", c(r.input.fraction), r.input.verdict or "",
+                        r.facts.collective or "", i.variant or "", c(v.ttt),
+                        f"{v.reached}/{v.targeted}" if v.targeted else "",
+                        ";".join(f"{k}={x!r}" for k, x in v.final.items() if x is not None)])
     return buf.getvalue()

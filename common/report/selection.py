@@ -7,7 +7,7 @@ from typing import Any
 
 from common.report.base import MISSING, ReportError, fmt_value
 from common.report.load import recompute_job_hash
-from common.report.summary import JobSummary
+from common.report.rows import JobSummary
 
 
 def job_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

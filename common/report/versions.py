@@ -9,23 +9,23 @@ modules only), and a key missing in every run is no difference.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from common.core.results import RunRecord
 from common.report.base import fmt_value
 
 COMPARED = ("python", "tensorflow", "tf_keras", "horovod", "horovod_patch")  # keys that must agree
 UNKNOWN = "unknown"  # shown for a compared key a run did not record
 
 
-def versions_by_key(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, set[str]]]:
+def versions_by_key(runs: Sequence[RunRecord]) -> dict[str, dict[str, set[str]]]:
     """version key -> value -> backends that ran with it (keys in the order first recorded)."""
     out: dict[str, dict[str, set[str]]] = {}
     for r in runs:
-        vers = r.get("versions")
-        if isinstance(vers, dict):
-            for k, v in vers.items():
-                out.setdefault(str(k), {}).setdefault(fmt_value(v), set()).add(r["backend"])
+        if isinstance(r.versions, dict):
+            for k, v in r.versions.items():
+                out.setdefault(str(k), {}).setdefault(fmt_value(v), set()).add(r.backend)
     return out
 
 
@@ -35,15 +35,15 @@ def _natural(value: str) -> tuple[bool, list[Any]]:
     return value == UNKNOWN, [int(p) if i % 2 else p for i, p in enumerate(parts)]
 
 
-def version_mix(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+def version_mix(runs: Sequence[RunRecord]) -> list[str]:
     """``"key v1 vs v2"`` for every compared key whose values differ across ``runs`` (empty: no mix)."""
     out = []
     for key in COMPARED:
-        users = {r["backend"] for r in runs if isinstance(r.get("versions"), dict) and key in r["versions"]}
+        users = {r.backend for r in runs if isinstance(r.versions, dict) and key in r.versions}
         values = set()
         for r in runs:
-            if r["backend"] in users:
-                vers = r.get("versions")
+            if r.backend in users:
+                vers = r.versions
                 values.add(fmt_value(vers[key]) if isinstance(vers, dict) and key in vers else UNKNOWN)
         if len(values) > 1:
             out.append(f"{key} {' vs '.join(sorted(values, key=_natural))}")
