@@ -160,7 +160,11 @@ def _write(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in sorted(os.environ.items()) if k.startswith(BUILD_FLAG_PREFIXES)}
     data = {
         "build_id": args.build_id,
-        "tensorflow": _installed("tensorflow"),
+        "tensorflow": _installed("tensorflow") or args.tf_version,
+        # where that TensorFlow came from: "requirements:<file>" (make setup's venv) or "site" (TWINBENCH_TF=site:
+        # the one the site's Python already imported, at tensorflow_location)
+        "tensorflow_source": args.tf_source,
+        "tensorflow_location": args.tf_location or None,
         "tf_keras": _installed("tf-keras"),
         "horovod": _installed("horovod"),
         "python": sys.version.split()[0],
@@ -200,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--patch", action="append", default=[], help="a patch file applied (repeatable, in order)")
     w.add_argument("--wheel", help="the wheel installed")
     w.add_argument("--sdist-sha256")
+    w.add_argument("--tf-source", default="requirements:" + REQUIREMENTS,
+                   help="where the TensorFlow came from: requirements:FILE or site")
+    w.add_argument("--tf-version", help="the TensorFlow version imported (when no distribution metadata names it)")
+    w.add_argument("--tf-location", default="", help="the TensorFlow package's directory (site)")
     c = sub.add_parser("check", help="exit 0 when the marker matches BUILD_ID and the installed Horovod")
     c.add_argument("build_id")
     sub.add_parser("show", help="print the marker and what the doctor would report")
