@@ -101,6 +101,15 @@ if [ $HOROVOD_ONLY = 0 ]; then
     # headless Chromium renders report.html in tests/test_report_stats.py (which fails without it under CI)
     command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
   fi
+  if [ "$TB_TF" = site ] && [ ${#need_apt[@]} -gt 0 ]; then
+    # A site's machines get compilers, cmake and MPI from its modules, not from apt-get: say what is missing.
+    missing=()
+    for tool in mpicxx cmake g++ patch; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+    if [ ${#missing[@]} -gt 0 ]; then
+      log "TWINBENCH_TF=site installs no system packages: load modules that provide ${missing[*]}"; exit 2
+    fi
+    need_apt=()
+  fi
   if [ ${#need_apt[@]} -gt 0 ]; then
     log "installing Debian packages: ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
