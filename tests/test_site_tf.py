@@ -124,3 +124,26 @@ def test_unknown_tf_mode_is_exit_2():
                           env={**base_env(), "TWINBENCH_TF": "2.99"}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == '[setup] TWINBENCH_TF must be 2.21 (default), 2.18 (fallback) or site, not "2.99"'
+
+
+def test_build_marker_records_the_site_tensorflow(tmp_path, monkeypatch):
+    """What setup.sh passes after a site build lands in the marker (written under a fake prefix, nothing built)."""
+    import json
+
+    from common.core import buildinfo
+
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    assert buildinfo.main(["write", "--build-id", "horovod-x-site0123456789", "--tf-source", "site",
+                           "--tf-version", "2.20.0", "--tf-location", "/opt/site/tensorflow"]) == 0
+    marker = json.loads((tmp_path / buildinfo.MARKER_NAME).read_text())
+    assert marker["tensorflow_source"] == "site" and marker["tensorflow_location"] == "/opt/site/tensorflow"
+    assert marker["build_id"].endswith("-site0123456789") and marker["tensorflow"]  # the installed one's version
+    assert buildinfo.main(["write", "--build-id", "b"]) == 0
+    marker = json.loads((tmp_path / buildinfo.MARKER_NAME).read_text())
+    assert marker["tensorflow_source"] == "requirements:requirements.txt" and marker["tensorflow_location"] is None
+
+
+def test_setup_passes_the_source_to_the_marker():
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert '--tf-source "$TF_SOURCE"' in setup and '--tf-location "$TF_LOCATION"' in setup
+    assert 'build_id+="-site$TF_SITE_ID"' in setup and "--system-site-packages" in setup
