@@ -18,7 +18,7 @@ FALLBACK_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers \
 	tests/test_parity.py::test_fit_and_ctl_compute_the_same_thing \
 	tests/test_backends.py::test_horovod_under_mpirun_matches_gloo
 
-.PHONY: setup demo test test-fallback lint doctor clean
+.PHONY: setup demo test test-fallback lint doctor gpu-check clean
 
 setup:  ## idempotent: Debian OpenMPI, .venv, TensorFlow, tf-keras, Horovod (wheel cached in ~/.cache/twinbench)
 	TWINBENCH_VENV=.venv bash scripts/setup.sh
@@ -44,5 +44,10 @@ lint:
 doctor: setup
 	$(PY) -m common.doctor
 
+# On a GPU node, first: the doctor, both backends at 2 ranks on 2 GPUs (NCCL, one GPU per rank, parity), the
+# breakdown's device timing; exit 3 without a GPU. Not run on a GPU here (scripts/gpu_check.py).
+gpu-check:  ## GPU_RESULTS=DIR (default gpu-check-results, must be new or empty)
+	$(PY) scripts/gpu_check.py --results $(or $(GPU_RESULTS),gpu-check-results)
+
 clean:
-	rm -rf results demo-results .pytest_cache
+	rm -rf results demo-results gpu-check-results .pytest_cache

@@ -44,6 +44,10 @@ def check() -> dict[str, Any]:
         out[f"{name}_backend"] = diag.status
         out["backends"][name] = diag.ok
         out["missing"] += diag.missing
+    # where the TensorFlow Horovod was built against came from (scripts/setup.sh's marker): the pinned requirements
+    # or the site's own (TWINBENCH_TF=site); markers written before the field existed came from requirements
+    marker = buildinfo.read_marker()
+    out["tensorflow_source"] = (marker.get("tensorflow_source") or "requirements") if marker else "unknown (no marker)"
     out["horovodrun"] = shutil.which("horovodrun")
     out["mpirun"] = shutil.which("mpirun")
     if out["mpirun"]:

@@ -6,6 +6,10 @@
 # Variables:
 #   TWINBENCH_TF=2.21      the default: requirements.txt, Horovod sdist + scripts/patches/horovod-0.28.1-tf2.19plus.patch
 #   TWINBENCH_TF=2.18      the fallback: requirements-tf2.18.txt, the unpatched Horovod sdist
+#   TWINBENCH_TF=site      the TensorFlow 2.16-2.21 that $PYTHON (default python3; python with --horovod-only)
+#                          already imports (a site module, an existing environment): scripts/site_tf.py checks it and
+#                          its tf-keras (installs tf-keras~=X.Y.0 if missing) and picks the patches (2.19+ only); the
+#                          venv is made with --system-site-packages so that it sees that TensorFlow
 #   TWINBENCH_VENV=.venv   the venv; one holding another TensorFlow than the selected one is recreated
 #   TWINBENCH_CACHE        Horovod wheels (keyed by Horovod, TF and Python versions and the patches) and the sdist;
 #                          default ~/.cache/twinbench
@@ -31,10 +35,16 @@ case "$TB_TF" in
         PATCHES=(scripts/patches/horovod-0.28.1-tf2.19plus.patch) ;;
   2.18) REQUIREMENTS=requirements-tf2.18.txt
         PATCHES=() ;;      # TF 2.18 is the last that the unpatched 0.28.1 sdist builds against
-  *) printf '[setup] TWINBENCH_TF must be 2.21 (default) or 2.18 (fallback), not "%s"\n' "$TB_TF" >&2; exit 2 ;;
+  site) REQUIREMENTS=requirements.txt   # less its TensorFlow pins (scripts/site_tf.py requirements)
+        PATCHES=() ;;      # scripts/site_tf.py detect decides them from the TensorFlow it finds
+  *) printf '[setup] TWINBENCH_TF must be 2.21 (default), 2.18 (fallback) or site, not "%s"\n' "$TB_TF" >&2; exit 2 ;;
 esac
 # The pins live in the requirements file (tests/test_environment.py checks it against environment.yml).
 TF_VERSION=$(sed -n 's/^tensorflow==\([0-9.]*\).*/\1/p' "$REQUIREMENTS")
+TF_SOURCE="requirements:$REQUIREMENTS"
+TF_LOCATION=""
+TF_SITE_ID=""
+TF_KERAS_INSTALL=""
 PY=${PYTHON:-python3}
 CACHE=${TWINBENCH_CACHE:-$HOME/.cache/twinbench}
 VENV=${TWINBENCH_VENV:-.venv}
@@ -52,11 +62,26 @@ for v in HOROVOD_GPU_OPERATIONS HOROVOD_GPU_ALLREDUCE HOROVOD_GPU_ALLGATHER HORO
          HOROVOD_GPU_ALLTOALL HOROVOD_GPU_REDUCESCATTER; do
   if [ -n "${!v:-}" ]; then gpu_build=1; fi
 done
-if [ $gpu_build = 1 ] && [ ${#PATCHES[@]} -gt 0 ]; then
+if [ "$TB_TF" != site ] && [ $gpu_build = 1 ] && [ ${#PATCHES[@]} -gt 0 ]; then
   PATCHES+=(scripts/patches/horovod-0.28.1-tf2.21-gpu.patch)   # inside HAVE_GPU: TF 2.21's XLA and stream API
 fi
 
 log() { printf '[setup] %s\n' "$*"; }
+
+if [ "$TB_TF" = site ]; then
+  # The TensorFlow this Python imports decides the version, the tf-keras and the patches (one line and exit 2 when
+  # it is not 2.16-2.21 or its tf-keras is another minor version).
+  command -v "$PY" >/dev/null 2>&1 || { log "no $PY on PATH: load the site's TensorFlow module first (or set PYTHON)"; exit 2; }
+  gpu_flag=(); if [ $gpu_build = 1 ]; then gpu_flag=(--gpu); fi
+  site_err=$(mktemp "${TMPDIR:-/tmp}/twinbench-site-tf.XXXXXX")
+  site_vars=$(TF_CPP_MIN_LOG_LEVEL=3 "$PY" scripts/site_tf.py detect "${gpu_flag[@]}" 2>"$site_err") \
+    || { grep '^\[setup\]' "$site_err" >&2 || tail -n 1 "$site_err" >&2; rm -f "$site_err"; exit 2; }
+  rm -f "$site_err"
+  eval "$site_vars"
+  TF_SOURCE=site
+  log "site TensorFlow $TF_VERSION at $TF_LOCATION, tf-keras ${TF_KERAS_FOUND:-(none: installing $TF_KERAS_INSTALL)}," \
+      "patches: ${PATCHES[*]:-none}"
+fi
 
 if [ $HOROVOD_ONLY = 0 ]; then
   need_apt=()
@@ -75,6 +100,15 @@ if [ $HOROVOD_ONLY = 0 ]; then
     { command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1; } || need_apt+=(iproute2)
     # headless Chromium renders report.html in tests/test_report_stats.py (which fails without it under CI)
     command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  fi
+  if [ "$TB_TF" = site ] && [ ${#need_apt[@]} -gt 0 ]; then
+    # A site's machines get compilers, cmake and MPI from its modules, not from apt-get: say what is missing.
+    missing=()
+    for tool in mpicxx cmake g++ patch; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+    if [ ${#missing[@]} -gt 0 ]; then
+      log "TWINBENCH_TF=site installs no system packages: load modules that provide ${missing[*]}"; exit 2
+    fi
+    need_apt=()
   fi
   if [ ${#need_apt[@]} -gt 0 ]; then
     log "installing Debian packages: ${need_apt[*]}"
@@ -98,6 +132,9 @@ if [ $HOROVOD_ONLY = 0 ]; then
   # other version's dependencies behind, and its Horovod is compiled against the old TF.
   if [ -x "$VENV/bin/python" ]; then
     have_tf=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("tensorflow"))' 2>/dev/null || true)
+    if [ "$TB_TF" = site ] && ! grep -qx 'include-system-site-packages = true' "$VENV/pyvenv.cfg" 2>/dev/null; then
+      have_tf="its own"   # a venv of its own TensorFlow, not one that sees the site's
+    fi
     if [ -n "$have_tf" ] && [ "$have_tf" != "$TF_VERSION" ]; then
       if [ ! -f "$VENV/pyvenv.cfg" ]; then
         log "$VENV has tensorflow $have_tf, not $TF_VERSION, and is no venv (no pyvenv.cfg): not touching it"
@@ -109,17 +146,25 @@ if [ $HOROVOD_ONLY = 0 ]; then
   fi
   if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"
-    "$PY" -m venv "$VENV"
+    if [ "$TB_TF" = site ]; then "$PY" -m venv --system-site-packages "$VENV"; else "$PY" -m venv "$VENV"; fi
   fi
   VPY="$VENV/bin/python"
   "$VPY" -m pip install -q --upgrade pip >/dev/null
 
   # Python packages (pinned where it matters for parity; see environment.yml for the cluster twin).
-  "$VPY" -m pip install -q -r "$REQUIREMENTS"
+  if [ "$TB_TF" = site ]; then
+    site_req=$(mktemp "${TMPDIR:-/tmp}/twinbench-req.XXXXXX")
+    "$VPY" scripts/site_tf.py requirements "$REQUIREMENTS" --tf-version "$TF_VERSION" >"$site_req"
+    "$VPY" -m pip install -q -r "$site_req"; rm -f "$site_req"
+    if [ -n "$TF_KERAS_INSTALL" ]; then "$VPY" -m pip install -q "$TF_KERAS_INSTALL"; fi
+  else
+    "$VPY" -m pip install -q -r "$REQUIREMENTS"
+  fi
 else
   VPY=$(command -v "$PY") || { log "no $PY on PATH: activate the environment first (or set PYTHON)"; exit 1; }
   command -v patch >/dev/null 2>&1 || [ ${#PATCHES[@]} = 0 ] || { log "patch(1) is needed to patch the Horovod sdist"; exit 1; }
-  have_tf=$("$VPY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))' 2>/dev/null || true)
+  if [ -n "$TF_KERAS_INSTALL" ]; then "$VPY" -m pip install -q "$TF_KERAS_INSTALL"; fi
+  have_tf=$("$VPY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null || true)
   if [ "$have_tf" != "$TF_VERSION" ]; then
     log "$VPY has tensorflow ${have_tf:-(none)}, not $TF_VERSION (TWINBENCH_TF=$TB_TF, $REQUIREMENTS)"
     exit 1
@@ -136,6 +181,7 @@ for p in "${PATCHES[@]}"; do
   patch_args+=(--patch "$p")
 done
 build_id="horovod-$HOROVOD_VERSION-tf$TF_VERSION-$pytag"
+if [ -n "$TF_SITE_ID" ]; then build_id+="-site$TF_SITE_ID"; fi   # a site's build of that version: its own wheel
 if [ ${#patch_ids[@]} -gt 0 ]; then build_id+="-p$(IFS=-; echo "${patch_ids[*]}")"; fi
 if [ $gpu_build = 1 ]; then build_id+="-gpu"; fi
 wheeldir="$CACHE/$build_id"
@@ -188,7 +234,8 @@ else
   # horovod's own runtime deps (not pulled with --no-deps)
   "$VPY" -m pip install -q cloudpickle psutil pyyaml packaging cffi
   env "${BUILD_ENV[@]}" "$VPY" -m common.core.buildinfo write --build-id "$build_id" "${patch_args[@]}" --wheel "$whl" \
-    --sdist-sha256 "$HOROVOD_SDIST_SHA256" >/dev/null
+    --sdist-sha256 "$HOROVOD_SDIST_SHA256" --tf-source "$TF_SOURCE" \
+    --tf-version "$TF_VERSION" --tf-location "$TF_LOCATION" >/dev/null
 fi
 log "ok: $("$VPY" -c 'import tensorflow as tf, tf_keras, horovod
 print("tensorflow", tf.__version__, "tf-keras", tf_keras.__version__, "horovod", horovod.__version__)' 2>/dev/null)," \

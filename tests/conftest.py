@@ -8,13 +8,17 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from common.core import registry
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (requirements.txt installs tomli there)
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable

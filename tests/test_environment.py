@@ -57,6 +57,44 @@ def test_environment_yml_matches_requirements():
     assert "tensorflow[and-cuda]==" in text  # the GPU build on clusters
 
 
+def _requirement_specs(text: str) -> dict[str, str]:
+    """name -> its specifier and marker as written (``==2.21.0``, ``~=2.21.0``, ``==2.2.1 ; python_version...``),
+    for the lines of a requirements file or of environment.yml's pip section."""
+    specs = {}
+    for line in text.splitlines():
+        line = line.split("#")[0].strip().removeprefix("- ").strip()
+        m = re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?\s*((?:==|~=)[^\s;]+)\s*(;.*)?$", line)
+        if m:
+            specs[m.group(1)] = m.group(2) + (f" {m.group(3).strip()}" if m.group(3) else "")
+    return specs
+
+
+def test_environment_yml_pip_section_pins_what_requirements_pins():
+    """Every requirement of requirements.txt, with the same version (and marker), in environment.yml: in its pip
+    section, but mpi4py, which conda builds against conda's Open MPI (same version)."""
+    text = (REPO / "environment.yml").read_text()
+    pip_section = text.split("  - pip:\n", 1)[1]
+    conda_section = text.split("  - pip:\n", 1)[0]
+    req = _requirement_specs((REPO / "requirements.txt").read_text())
+    pip = _requirement_specs(pip_section)
+    assert req and "tensorflow" in req and "tomli" in req, req
+    for name, spec in req.items():
+        if name == "mpi4py":
+            assert re.search(rf"^\s*- mpi4py={re.escape(spec[2:])}$", conda_section, re.M), spec
+            assert name not in pip
+            continue
+        assert pip.get(name) == spec, f"{name}: environment.yml {pip.get(name)!r} vs requirements.txt {spec!r}"
+    assert set(pip) == set(req) - {"mpi4py"}, set(pip) ^ (set(req) - {"mpi4py"})
+
+
+def test_environment_yml_says_it_was_never_solved():
+    """No conda channel is reachable from the development machine: the file and the README say so."""
+    assert "never been solved" in (REPO / "environment.yml").read_text()
+    readme = (REPO / "README.md").read_text()
+    cluster = readme.split("## Running on a cluster", 1)[1]
+    assert "conda env create" in cluster and "never been solved" in cluster
+
+
 def test_default_and_fallback_pins():
     default, fallback = _requirements(), _requirements(FALLBACK.name)
     assert _minor(default["tensorflow"]) == "2.21" and _minor(fallback["tensorflow"]) == "2.18"

@@ -15,7 +15,9 @@ import functools
 import hashlib
 import importlib.metadata as md
 import json
+import operator
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,12 +106,29 @@ def horovod_patch_description() -> str:
     return ", ".join(f"{p.get('file')} (sha256 {str(p.get('sha256', ''))[:12]})" for p in patches)
 
 
-def read_pins(path: str | os.PathLike[str]) -> dict[str, str]:
-    """``name==version`` lines of a requirements file (comments and extras stripped)."""
+_MARKER = re.compile(r"""^python_version\s*(<=|<|>=|>|==|!=)\s*["'](\d+)\.(\d+)["']$""")
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+            "!=": operator.ne}
+
+
+def marker_holds(marker: str, version: tuple[int, int] | None = None) -> bool:
+    """Whether a requirement's environment marker holds for ``version`` (default: this interpreter). Only the
+    ``python_version OP "X.Y"`` form the requirements files use is understood; any other marker is taken to hold."""
+    m = _MARKER.match(marker.strip())
+    if not m:
+        return True
+    here = version or (sys.version_info[0], sys.version_info[1])
+    return _COMPARE[m.group(1)](here, (int(m.group(2)), int(m.group(3))))
+
+
+def read_pins(path: str | os.PathLike[str], *, every_python: bool = False) -> dict[str, str]:
+    """``name==version`` lines of a requirements file (comments, extras and markers stripped); a line whose
+    ``python_version`` marker does not hold for this interpreter is left out unless ``every_python``."""
     pins = {}
     for line in Path(path).read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line:
+        line, _, marker = line.split("#")[0].partition(";")
+        line = line.strip()
+        if "==" in line and (every_python or marker_holds(marker)):
             name, ver = line.split("==", 1)
             pins[name.split("[")[0].strip()] = ver.strip()
     return pins
@@ -141,7 +160,11 @@ def _write(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in sorted(os.environ.items()) if k.startswith(BUILD_FLAG_PREFIXES)}
     data = {
         "build_id": args.build_id,
-        "tensorflow": _installed("tensorflow"),
+        "tensorflow": _installed("tensorflow") or args.tf_version,
+        # where that TensorFlow came from: "requirements:<file>" (make setup's venv) or "site" (TWINBENCH_TF=site:
+        # the one the site's Python already imported, at tensorflow_location)
+        "tensorflow_source": args.tf_source,
+        "tensorflow_location": args.tf_location or None,
         "tf_keras": _installed("tf-keras"),
         "horovod": _installed("horovod"),
         "python": sys.version.split()[0],
@@ -152,7 +175,7 @@ def _write(args: argparse.Namespace) -> int:
         "wheel": Path(args.wheel).name if args.wheel else None,
         "wheel_sha256": sha256_file(args.wheel) if args.wheel else None,
         "horovod_lib": lib,
-        "written_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "written_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     path = marker_path()
     tmp = path.with_name(f".{path.name}.tmp")
@@ -181,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--patch", action="append", default=[], help="a patch file applied (repeatable, in order)")
     w.add_argument("--wheel", help="the wheel installed")
     w.add_argument("--sdist-sha256")
+    w.add_argument("--tf-source", default="requirements:" + REQUIREMENTS,
+                   help="where the TensorFlow came from: requirements:FILE or site")
+    w.add_argument("--tf-version", help="the TensorFlow version imported (when no distribution metadata names it)")
+    w.add_argument("--tf-location", default="", help="the TensorFlow package's directory (site)")
     c = sub.add_parser("check", help="exit 0 when the marker matches BUILD_ID and the installed Horovod")
     c.add_argument("build_id")
     sub.add_parser("show", help="print the marker and what the doctor would report")

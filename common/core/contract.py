@@ -22,7 +22,7 @@ import argparse
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Protocol, Self, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ class Diagnosis:
     missing: list[str]  # install hints, one MISSING line each
 
 
+_Options = TypeVar("_Options", bound="BaseOptions")  # typing.Self is Python 3.11+
+
+
 @dataclass(frozen=True)
 class BaseOptions:
     """Runtime options every backend takes (the backend's own ``Options`` extend it)."""
@@ -66,7 +69,7 @@ class BaseOptions:
     cpu_bind: str = "none"  # none: as launched; cores: local ranks a launcher left unbound take disjoint CPU shares
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Self:
+    def from_args(cls: type[_Options], args: argparse.Namespace) -> _Options:
         """The options a parsed command line gives: each field from the flag of its name (argparse's ``dest``).
         The flags' defaults are the fields' (``common.cli.with_defaults``): one place for each default."""
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})

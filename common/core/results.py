@@ -306,11 +306,11 @@ def hostname() -> str:
 
 
 def new_run_id() -> str:
-    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
 def now_iso() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def result_filename(rec: RunRecord | Mapping[str, Any]) -> str:
@@ -361,7 +361,7 @@ def check_results_dir(path: str | os.PathLike[str]) -> Path:
 
 
 def now_iso_from(epoch_seconds: float) -> str:
-    return _dt.datetime.fromtimestamp(epoch_seconds, _dt.UTC).isoformat(timespec="seconds")
+    return _dt.datetime.fromtimestamp(epoch_seconds, _dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _umask() -> int:

@@ -14,10 +14,15 @@ import dataclasses
 import hashlib
 import json
 import math
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as the PyPI package tomli (requirements.txt)
+    import tomli as tomllib
 
 from common.workload import usercode
 from common.workload.datasets import DATASETS
