@@ -1,6 +1,6 @@
 """Structure rules the project keeps (run by ``make test`` and so by CI); exit 1 naming every breach.
 
-- no function longer than 80 lines, no module longer than 500 lines;
+- no function longer than 80 lines, no module longer than 450 lines;
 - no import cycle among the project's modules (imports inside functions count: a lazy cycle is still a cycle);
 - the backends are listed only in ``common/core/registry.py``: outside it and ``backends/`` (and outside the tests
   of named backends; the shared test helpers in tests/conftest.py count), no list, tuple, set or dict literal names
@@ -28,7 +28,7 @@ from common.core import registry  # noqa: E402
 
 PACKAGES = ("backends", "common", "bench", "scripts", "tests", "jobs")
 MAX_FUNCTION_LINES = 80
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 450
 
 
 def project_files() -> list[Path]:
