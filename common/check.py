@@ -244,8 +244,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     sets = (*args.sets, f"steps={args.steps}")
     try:
         job = load_job(args.job, sets)
-        n, _, _ = data_mod.dataset_info(job)
-        job.resolve_steps(n, 2)  # the 2-worker runs' global batch must fit in the data
+        if not data_mod.streams(job):  # an input function is called only in the ranks
+            n, _, _ = data_mod.dataset_info(job)
+            job.resolve_steps(n, 2)  # the 2-worker runs' global batch must fit in the data
         if job.steps_per_execution > 1 and "ctl" in modes:
             raise JobError(f"steps_per_execution = {job.steps_per_execution} applies to fit only: check with "
                            "--modes fit, or set steps_per_execution = 1")
