@@ -273,6 +273,8 @@ def test_streamed_example_same_losses_and_data_on_both_backends_at_2_workers(str
     assert len(set(check.fingerprints(native))) == 2  # sharded: each worker its own batches
     for r in (native, horovod):
         assert [p["files"] for p in r["input"]["pipeline"]["per_rank"]] == [2, 2]
+        assert r["input"]["pipeline"]["validation"] and r["evaluations"]
+    assert check.compare_evaluations(native["evaluations"], horovod["evaluations"]) == (True, None)
 
 
 def test_streamed_example_fit_equals_custom_loop(streamed):

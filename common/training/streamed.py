@@ -16,6 +16,7 @@ import numpy as np
 
 from common.core.contract import Backend
 from common.core.errors import UsageError
+from common.training import evaluate
 from common.training.context import RunContext
 from common.workload import inputfn, usercode
 from common.workload.job import Job
@@ -29,9 +30,9 @@ def plan(job: Job, backend: Backend, per_replica_batch: int) -> tuple[int, int, 
         raise UsageError(f"dataset = {job.dataset!r}: an input function cannot feed parameter-server training "
                          "(its workers' datasets are made through the coordinator)")
     per = backend.info.replicas_per_worker
-    mine, error = None, None
+    mine, error, validation = None, None, None
     try:
-        mine = inputfn.pipeline_facts(tf, job, per_replica_batch, backend.rank, backend.num_workers, per)
+        mine, validation = inputfn.pipeline_facts(tf, job, per_replica_batch, backend.rank, backend.num_workers, per)
     except usercode.UserCodeError as e:
         error = str(e)
     gathered = backend.allgather({"facts": mine, "error": error})
@@ -46,8 +47,10 @@ def plan(job: Job, backend: Backend, per_replica_batch: int) -> tuple[int, int, 
               "shard by input_context.input_pipeline_id?", flush=True)
     own = everyone[backend.rank]
     labels = np.asarray(own["label_sample"], dtype=own["label_dtype"]) if own["label_sample"] is not None else None
+    if validation is not None and not job.input_batched:
+        validation = validation.batch(evaluate.EVAL_BATCH)
     return spe, total, {"record": inputfn.record_block(job, everyone, per_pass), "per_pass": per_pass,
-                        "labels": labels}
+                        "labels": labels, "validation": validation}
 
 
 def dataset_fn(ctx: RunContext, start_step: int) -> Callable[[int, int, int], Any]:
@@ -121,3 +124,38 @@ def build_model(job: Job, shapes: Any, num_classes: int | None) -> Any:
         model = models_mod.build_model(job, shapes, num_classes)
     check_model_inputs(job, model, shapes)
     return model
+
+
+def make_evaluator(ctx: RunContext, model: Any) -> evaluate.Evaluator | None:
+    """The run's evaluator of the function's ``"validation"`` datasets, or None when it returned none."""
+    assert ctx.plan.pipeline is not None
+    dataset = ctx.plan.pipeline["validation"]
+    if dataset is None:
+        return None
+    for name in ctx.job.metrics:
+        evaluate.metric_fn(name)  # UsageError (exit 2) before the first step for a name without per-example values
+    return StreamEvaluator(ctx, model, dataset)
+
+
+class StreamEvaluator(evaluate.Evaluator):
+    """Every worker evaluates its own validation dataset whole, in the function's batches and order; the float64
+    sums and the example count are then summed over workers (``backend.allsum``: every rank calls it at the same
+    step), so every rank holds the same means. Same batches on both backends (same context), so the same numbers."""
+
+    def __init__(self, ctx: RunContext, model: Any, dataset: Any) -> None:
+        super().__init__(ctx.job, model, ctx.backend, (np.zeros(1), np.zeros(1)), ctx.plan.steps_per_epoch,
+                         ctx.plan.total_steps)
+        self.dataset = dataset
+
+    def values(self, ping: Callable[[], None] | None) -> dict[str, float]:
+        names = ("loss", *self.job.metrics)
+        sums, n = [0.0] * len(names), 0
+        for x, y in self.dataset:  # a fresh pass every evaluation
+            parts = self._fn(x, y)
+            for i, p in enumerate(parts):
+                sums[i] += float(np.sum(p.numpy(), dtype=np.float64))
+            n += int(parts[0].shape[0])
+            if ping is not None:
+                ping()
+        *totals, count = self.backend.allsum([*sums, float(n)])
+        return {name: s / count if count else float("nan") for name, s in zip(names, totals)}

@@ -134,7 +134,8 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     hooks = StepHooks(ctx, resume.start_step, preemption, watchdog)
     own_loop = backend.train_loop()
     if own_loop is None:  # the shared loops evaluate; a backend's own (parameter servers) does not
-        hooks.evaluator = evaluate.make_evaluator(job, built.model, backend, plan.steps_per_epoch, plan.total_steps)
+        hooks.evaluator = streamed.make_evaluator(ctx, built.model) if plan.pipeline else \
+            evaluate.make_evaluator(job, built.model, backend, plan.steps_per_epoch, plan.total_steps)
     loop = own_loop or (loops.run_fit if job.mode == "fit" else loops.run_ctl)
     loop(ctx, built.model, built.optimizer, dataset, hooks)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.

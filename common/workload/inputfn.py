@@ -98,18 +98,29 @@ def call(tf: Any, job: Any, context: Any, b: int) -> tuple[Any, dict[str, Any]]:
     out = usercode.call("dataset", job.dataset, context, **kwargs)
     ref, extra = job.dataset, {}
     if isinstance(out, dict):
-        unknown = set(out) - {"train", "files"}
+        unknown = set(out) - {"train", "validation", "files"}
         if "train" not in out or unknown:
-            hint = " (validation from an input function is not supported yet)" if "validation" in out else ""
-            raise InputFnError(f"dataset = {ref!r} returned a dict with keys {sorted(out)}: expected \"train\" and "
-                               f"optionally \"files\" (this worker's files){hint}")
+            raise InputFnError(f"dataset = {ref!r} returned a dict with keys {sorted(out)}: expected \"train\", "
+                               "optionally \"validation\" and \"files\" (this worker's)")
         extra = {k: v for k, v in out.items() if k != "train"}
         out = out["train"]
+        if extra.get("validation") is not None:
+            _check_validation(tf, ref, extra["validation"])
     if not isinstance(out, tf.data.Dataset):
         raise InputFnError(f"dataset = {ref!r} returned a {type(out).__module__}.{type(out).__name__}: an input "
                            "function (first parameter input_context) returns this worker's tf.data.Dataset")
     _check_elements(ref, out.element_spec)
     return out, extra
+
+
+def _check_validation(tf: Any, ref: str, ds: Any) -> None:
+    if not isinstance(ds, tf.data.Dataset):
+        raise InputFnError(f"dataset = {ref!r}: \"validation\" is a {type(ds).__name__}, not a tf.data.Dataset")
+    _check_elements(ref, ds.element_spec)
+    n = int(ds.cardinality())
+    if n == int(tf.data.INFINITE_CARDINALITY) or n == 0:
+        raise InputFnError(f"dataset = {ref!r}: the \"validation\" dataset is {'infinite' if n else 'empty'}: every "
+                           "evaluation reads it whole")
 
 
 def _check_elements(ref: str, spec: Any) -> None:
@@ -192,8 +203,10 @@ def fingerprint(tf: Any, ds: Any, n: int, b: int, ref: str) -> tuple[str, Any]:
     return h.hexdigest()[:16], first_labels
 
 
-def pipeline_facts(tf: Any, job: Any, plan_batch: int, index: int, count: int, per: int) -> dict[str, Any]:
-    """This rank's facts: batches per epoch (None: infinite or unknown), files it reported, fingerprint."""
+def pipeline_facts(tf: Any, job: Any, plan_batch: int, index: int, count: int,
+                   per: int) -> tuple[dict[str, Any], Any]:
+    """(this rank's facts: batches per epoch (None: infinite or unknown), files it reported, fingerprint...; its
+    validation dataset or None)."""
     ds, extra = call(tf, job, input_context(tf, index, count, per), plan_batch)
     ds = batched(tf, job, ds, plan_batch)
     batches = cardinality(tf, ds)
@@ -208,11 +221,11 @@ def pipeline_facts(tf: Any, job: Any, plan_batch: int, index: int, count: int, p
         raise InputFnError(f"dataset = {job.dataset!r}: reading worker {index}'s first batches raised "
                            f"{one_line(e)}") from None
     files = extra.get("files")
-    return {"batches_per_epoch": batches, "fingerprint": digest,
+    return {"validation": extra.get("validation") is not None, "batches_per_epoch": batches, "fingerprint": digest,
             "files": None if files is None else len(list(files)),
             "label_sample": labels.numpy()[:2].tolist() if isinstance(labels, tf.Tensor) else None,
             "label_dtype": labels.dtype.name if isinstance(labels, tf.Tensor) else None,
-            "input_shapes": _shapes(ds.element_spec[0])}
+            "input_shapes": _shapes(ds.element_spec[0])}, extra.get("validation")
 
 
 def _shapes(spec: Any) -> Any:
@@ -231,6 +244,9 @@ def epoch_steps(job: Any, everyone: list[dict[str, Any]], per: int) -> tuple[int
         if f["files"] == 0:
             raise InputFnError(f"dataset = {job.dataset!r}: worker {i} of {len(everyone)} was given no files "
                                "(fewer shards than workers: some workers would get nothing)")
+    if len({f["validation"] for f in everyone}) > 1:
+        raise InputFnError(f"dataset = {job.dataset!r} returned \"validation\" on some workers only: each evaluation "
+                           "sums every worker's")
     counts = [f["batches_per_epoch"] for f in everyone]
     if None in counts:
         if job.steps <= 0:
@@ -254,4 +270,5 @@ def record_block(job: Any, everyone: list[dict[str, Any]], per_pass: int | None)
         "input_shapes": everyone[0]["input_shapes"],
         "fingerprint_batches": FINGERPRINT_BATCHES,
         "per_rank": [{k: f[k] for k in ("fingerprint", "batches_per_epoch", "files")} for f in everyone],
+        "validation": everyone[0]["validation"],  # evaluated on every worker's own share, summed over workers
     }

@@ -20,17 +20,29 @@ def parse(tf: Any, record: Any) -> tuple[dict[str, Any], Any]:
     return {"tokens": tokens, "value": ex["value"]}, tf.cast(ex["label"], tf.int32)
 
 
+def _mine(input_context: Any, data_dir: str, prefix: str) -> list[str]:
+    files = sorted(str(p) for p in Path(data_dir).glob(f"{prefix}-*.tfrecord"))
+    if not files:
+        raise FileNotFoundError(f"no {prefix}-*.tfrecord in {data_dir} (write them: python "
+                                f"examples/streampkg/records.py {data_dir})")
+    return files[input_context.input_pipeline_id::input_context.num_input_pipelines]
+
+
+def _read(tf: Any, files: list[str], batch: int, shuffle: int, drop: bool) -> Any:
+    ds = tf.data.TFRecordDataset(files)  # one file after the other: a fixed order
+    ds = ds.map(lambda r: parse(tf, r), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if shuffle:
+        ds = ds.shuffle(shuffle, seed=7)
+    ds = ds.padded_batch(batch, padded_shapes=({"tokens": [None], "value": [1]}, []), drop_remainder=drop)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
 def train(input_context: Any, global_batch_size: int, data_dir: str, shuffle_buffer: int = 256) -> dict[str, Any]:
     import tensorflow as tf
 
-    files = sorted(str(p) for p in Path(data_dir).glob("train-*.tfrecord"))
-    if not files:
-        raise FileNotFoundError(f"no train-*.tfrecord in {data_dir} (write them: python examples/streampkg/records.py "
-                                f"{data_dir})")
-    mine = files[input_context.input_pipeline_id::input_context.num_input_pipelines]
+    mine = _mine(input_context, data_dir, "train")
     batch = input_context.get_per_replica_batch_size(global_batch_size)
-    ds = tf.data.TFRecordDataset(mine)  # one file after the other: a fixed order
-    ds = ds.map(lambda r: parse(tf, r), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.shuffle(shuffle_buffer, seed=7)
-    ds = ds.padded_batch(batch, padded_shapes=({"tokens": [None], "value": [1]}, []), drop_remainder=True)
-    return {"train": ds.prefetch(tf.data.AUTOTUNE), "files": mine}
+    return {"train": _read(tf, mine, batch, shuffle_buffer, drop=True),
+            # this worker's share of the validation files: twinbench sums every worker's numbers
+            "validation": _read(tf, _mine(input_context, data_dir, "valid"), 64, 0, drop=False),
+            "files": mine}
