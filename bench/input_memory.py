@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,7 +126,8 @@ def twinbench_run(root: Path, data: Path, features: int, batch: int, steps: int)
         steps = {steps}
         mode = "ctl"
         '''))
-    out = root / "results"
+    out = root / f"results-{data.name}"
+    shutil.rmtree(out, ignore_errors=True)
     env = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO),
            "PATH": str(Path(PY).parent)}
     subprocess.run([PY, "-m", "backends.native", "--job", str(job), "--results", str(out), "--quiet"], cwd=REPO,

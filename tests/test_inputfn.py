@@ -88,6 +88,16 @@ def named(input_context, global_batch_size):
     return ds.map(lambda x, y: ({"a": x, "b": x}, y))
 
 
+def dict_labels(input_context, global_batch_size):
+    return good(input_context, global_batch_size).map(lambda x, y: (x, {"a": y, "b": y}))
+
+
+def five_wide(input_shape, num_classes):
+    import tensorflow as tf
+    inputs = tf.keras.Input(shape=(5,), name="wide")
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(inputs))
+
+
 def model(input_shape, num_classes):
     import tensorflow as tf
     inputs = tf.keras.Input(shape=input_shape)
@@ -138,6 +148,14 @@ def test_detected_from_the_source_without_importing(tmp_path):
     assert data_mod.validation_arrays(job) is None
 
 
+def test_the_hash_covers_the_functions_source(tmp_path):
+    path = _job(tmp_path)
+    before = load_job(path).job_hash
+    fns = tmp_path / "ifpkg" / "fns.py"
+    fns.write_text(fns.read_text().replace("% 3", "% 2"))
+    assert load_job(path).job_hash != before
+
+
 def test_input_batched_hashed_only_when_false_and_only_for_user_data():
     assert Job(input_batched=True).job_hash == Job().job_hash  # older jobs keep their hashes
     user = {"dataset": "ifpkg.fns:good", "num_classes": 3}
@@ -180,8 +198,11 @@ BAD_CASES = {
     "no files for a worker": ({"dataset": '"ifpkg.fns:no_files"'}, "dataset", "some workers would get nothing"),
     "unbatched": ({"dataset": '"ifpkg.fns:unbatched"'}, "dataset", "set input_batched = false"),
     "strings": ({"dataset": '"ifpkg.fns:strings"'}, "dataset", "must be numeric tensors"),
+    "dict labels": ({"dataset": '"ifpkg.fns:dict_labels"'}, "dataset", "labels are a dict"),
     "inputs not the features": ({"dataset": '"ifpkg.fns:named"', "model": '"ifpkg.fns:two_inputs"'}, "model",
                                 "no feature 'c'"),
+    "input shape not the features'": ({"model": '"ifpkg.fns:five_wide"'}, "model",
+                                      "input 'wide' takes shape (None, 5), features is (None, 4)"),
 }
 
 

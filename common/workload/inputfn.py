@@ -126,6 +126,9 @@ def _check_validation(tf: Any, ref: str, ds: Any) -> None:
 def _check_elements(ref: str, spec: Any) -> None:
     if not isinstance(spec, tuple) or len(spec) != 2:
         raise InputFnError(f"dataset = {ref!r}: elements must be (features, labels) pairs, got {spec}")
+    if isinstance(spec[1], dict | tuple | list):  # the objective takes one loss of one output (objective.py)
+        raise InputFnError(f"dataset = {ref!r}: labels are a {type(spec[1]).__name__}: twinbench trains "
+                           "single-output models, so the labels are one tensor")
     for path, s in _leaves(spec):
         dtype = getattr(s, "dtype", None)
         if dtype is None or not (dtype.is_floating or dtype.is_integer or dtype.is_bool):
