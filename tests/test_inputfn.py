@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 from common import check
+from common.core.errors import EXIT_PREEMPTED
 from common.workload import data as data_mod
 from common.workload import inputfn
 from common.workload.job import Job, JobError, load_job
-from tests.conftest import REPO, base_env, only_result
+from tests.conftest import REPO, base_env, only_result, signal_env
 from tests.test_check import _check as check_command
 from tests.test_usercode import TF_LOG_PREFIXES
 
@@ -86,6 +87,21 @@ def named(input_context, global_batch_size):
     import tensorflow as tf
     ds = good(input_context, global_batch_size)
     return ds.map(lambda x, y: ({"a": x, "b": x}, y))
+
+
+def shuffled(input_context, global_batch_size):
+    import tensorflow as tf
+    b = input_context.get_per_replica_batch_size(global_batch_size)
+    ds = _pairs(tf).shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    return ds.shuffle(64, seed=3).batch(b, drop_remainder=True)  # a new order every pass
+
+
+def per_backend(input_context, global_batch_size):
+    # neither sharded (every worker the same batches) nor the same on both backends (the order reads the launcher)
+    import tensorflow as tf
+    b = input_context.get_per_replica_batch_size(global_batch_size)
+    seed = 1 if "HOROVOD_RANK" in os.environ else 2  # set by horovodrun (2 workers), not for one rank alone
+    return _pairs(tf).shuffle(64, seed=seed).batch(b, drop_remainder=True)
 
 
 def dict_labels(input_context, global_batch_size):
@@ -237,6 +253,22 @@ def test_finite_function_epochs_from_its_cardinality_and_twinbench_batching(tmp_
     assert theirs["step_losses"] == mine["step_losses"]
 
 
+def test_preempted_and_resumed_run_sees_the_same_batches(tmp_path):
+    """8 steps a pass, preempted after step 5 of 12, resumed: the same losses as a run straight through (the
+    resumed stream skips the steps done, across the pass boundary, in the function's reshuffled order)."""
+    job = _job(tmp_path, dataset='"ifpkg.fns:shuffled"', steps="12", mode='"ctl"', sync_every_steps="1")
+    extra = ("--preempt-check-steps", "1")
+    first = _native(job, tmp_path / "resumed", *extra, env=signal_env(5))
+    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
+    again = _native(job, tmp_path / "resumed", *extra)
+    assert again.returncode == 0, again.stderr[-3000:]
+    straight = _native(job, tmp_path / "straight", *extra)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    resumed, whole = only_result(tmp_path / "resumed"), only_result(tmp_path / "straight")
+    assert resumed["resumed_from_step"] == 5
+    assert resumed["step_losses"] == whole["step_losses"] and resumed["weights_digest"] == whole["weights_digest"]
+
+
 # -- the check's data comparison (made-up records) -------------------------------------------------------------
 def _rec(prints: list[str] | None, losses: tuple[float, ...] = (1.0, 0.5)) -> dict[str, Any]:
     pipeline = {"per_rank": [{"fingerprint": f} for f in prints]} if prints is not None else None
@@ -258,6 +290,18 @@ def test_check_says_the_backends_saw_different_data_and_skips_the_world_size_pai
     runs[K("native", "ctl", 2)] = _rec(["a", "a"])
     (warning,) = check.same_batch_warnings(runs)
     assert "native ctl 2 workers: every rank got the same first batches" in warning
+
+
+def test_check_exits_1_when_the_backends_saw_different_data_and_warns_on_no_sharding(tmp_path):
+    """4 runs (custom loop, each backend at 1 and 2 workers) of a function whose order depends on the launcher:
+    horovodrun sets HOROVOD_RANK at 2 workers (one Horovod rank runs without it, so 1 worker agrees)."""
+    job = _job(tmp_path, dataset='"ifpkg.fns:per_backend"')
+    proc = check_command("--job", str(job), "--modes", "ctl", "--steps", "4", timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert "native vs horovod, ctl, 2 workers: the two backends saw different data, rank 0: first batches" \
+        in proc.stderr, proc.stderr[-2000:]
+    for kind in ("native", "horovod"):
+        assert f"[check] warning: {kind} ctl 2 workers: every rank got the same first batches" in proc.stdout
 
 
 # -- the streamed example through the check: 8 runs -------------------------------------------------------------
