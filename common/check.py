@@ -12,6 +12,9 @@ Runs the job for a few steps (``--steps``, default 20) on each backend at 1 and 
 on the per-step losses (largest relative difference; they must agree to ``RTOL``), the final trainable weights
 (``RunRecord.trainable_weights_fingerprint``: per variable sum and sum of squares, within ``RTOL`` of the
 variable's L2 norm) and, when the job evaluates, the validation numbers of every evaluation (within ``RTOL``).
+An input function's runs (the record's ``input.pipeline``) also compare each rank's fingerprint of its first batches
+at equal workers ("saw different data"), warn when every rank of a run got the same ones (no sharding), and skip
+1 worker x 2b against 2 workers x b: the function shards its own data, so the world size changes the batches.
 
 Exit 0 when every pair agrees; 1 naming the first pair and step that differ (both values), or a run that failed
 (with its stderr's tail); 2, one line, for bad input, before any run. This is how a user finds out that a model
@@ -73,12 +76,17 @@ class Row:
     weights_diff: str | None
     validation: bool | None  # every evaluation agrees (None: neither run evaluated)
     validation_diff: str | None
+    data_diff: str | None = None  # an input function's first batches differ between the two runs' ranks
 
     @property
     def ok(self) -> bool:
-        return self.loss_diff is None and self.weights is not False and self.validation is not False
+        return self.loss_diff is None and self.weights is not False and self.validation is not False \
+            and self.data_diff is None
 
     def first_problem(self) -> str | None:
+        if self.data_diff:  # first: it explains every other difference
+            who = "the two backends" if self.a.backend != self.b.backend else "the two runs"
+            return f"{self.pair}: {who} saw different data, {self.data_diff}"
         for what, diff in (("loss", self.loss_diff), ("final weights", self.weights_diff),
                            ("validation", self.validation_diff)):
             if diff:
@@ -136,6 +144,31 @@ def compare_evaluations(a: Any, b: Any, rtol: float = RTOL) -> tuple[bool | None
     return True, None
 
 
+def fingerprints(record: Mapping[str, Any]) -> list[str] | None:
+    """Each rank's fingerprint of its first batches (an input function's runs: ``input.pipeline``), else None."""
+    pipeline = (record.get("input") or {}).get("pipeline")
+    return [r["fingerprint"] for r in pipeline["per_rank"]] if pipeline else None
+
+
+def compare_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """The first rank whose first batches differ between two runs at equal workers ("rank R: x vs y"), or None."""
+    fa, fb = fingerprints(a), fingerprints(b)
+    if fa is None or fb is None:
+        return None
+    return next((f"rank {r}: first batches {x} vs {y}" for r, (x, y) in enumerate(zip(fa, fb)) if x != y), None)
+
+
+def same_batch_warnings(records: Mapping[RunKey, Mapping[str, Any]]) -> list[str]:
+    """A warning per run whose ranks all got the same first batches: an input function that does not shard."""
+    out = []
+    for key, r in records.items():
+        f = fingerprints(r)
+        if f and len(f) > 1 and len(set(f)) == 1:
+            out.append(f"[check] warning: {key.text()}: every rank got the same first batches: does the input "
+                       "function shard by input_context.input_pipeline_id?")
+    return out
+
+
 def pairs(keys: Sequence[RunKey]) -> list[tuple[str, RunKey, RunKey]]:
     """(label, a, b) of every comparison the runs in ``keys`` allow, in the order the table shows them."""
     have = set(keys)
@@ -167,12 +200,14 @@ def compare(records: Mapping[RunKey, Mapping[str, Any]], rtol: float = RTOL) -> 
     rows = []
     for label, ka, kb in pairs(list(records)):
         a, b = records[ka], records[kb]
+        if ka.workers != kb.workers and (fingerprints(a) or fingerprints(b)):
+            continue  # an input function shards its own data: another world size, other batches (docs/jobs.md)
         max_rel, loss_diff = compare_losses(a.get("step_losses") or [], b.get("step_losses") or [], rtol)
         weights, weights_diff = compare_weights(a.get("trainable_weights_fingerprint"),
                                                 b.get("trainable_weights_fingerprint"), rtol)
         val, val_diff = compare_evaluations(a.get("evaluations"), b.get("evaluations"), rtol)
         rows.append(Row(label, ka, kb, len(a.get("step_losses") or []), max_rel, loss_diff, weights, weights_diff,
-                        val, val_diff))
+                        val, val_diff, compare_data(a, b) if ka.workers == kb.workers else None))
     return rows
 
 
@@ -244,8 +279,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     sets = (*args.sets, f"steps={args.steps}")
     try:
         job = load_job(args.job, sets)
-        n, _, _ = data_mod.dataset_info(job)
-        job.resolve_steps(n, 2)  # the 2-worker runs' global batch must fit in the data
+        if not data_mod.streams(job):  # an input function is called only in the ranks
+            n, _, _ = data_mod.dataset_info(job)
+            job.resolve_steps(n, 2)  # the 2-worker runs' global batch must fit in the data
         if job.steps_per_execution > 1 and "ctl" in modes:
             raise JobError(f"steps_per_execution = {job.steps_per_execution} applies to fit only: check with "
                            "--modes fit, or set steps_per_execution = 1")
@@ -312,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.results:
             shutil.rmtree(root, ignore_errors=True)
     rows = compare(records)
-    print(format_table(rows))
+    print("\n".join([*same_batch_warnings(records), format_table(rows)]))
     status, line = verdict(rows)
     print(line, file=sys.stderr if status else sys.stdout)
     if args.results:

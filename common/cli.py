@@ -162,8 +162,9 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
     try:
         job = load_job(args.job, args.sets)
         usercode.check_functions(job)  # the user's modules import and hold their functions
-        n, _, _ = data_mod.dataset_info(job)  # a user dataset is loaded and checked here
-        job.resolve_steps(n, 1)  # cheapest check that the data fills at least one batch
+        if not data_mod.streams(job):  # an input function is called only in the ranks
+            n, _, _ = data_mod.dataset_info(job)  # a user dataset is loaded and checked here
+            job.resolve_steps(n, 1)  # cheapest check that the data fills at least one batch
         if args.results:
             res.check_results_dir(args.results)
     except (JobError, data_mod.DataError, usercode.UserCodeError, OSError) as e:

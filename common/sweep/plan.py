@@ -39,9 +39,9 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     job_path = Path(a.job).resolve()
     try:
         job = load_job(job_path, a.sets)
-        if not a.skip_data_check:
-            from common.workload import data as data_mod
+        from common.workload import data as data_mod
 
+        if not a.skip_data_check and not data_mod.streams(job):  # an input function runs only in the ranks
             n, _, _ = data_mod.dataset_info(job)
             for size in sizes:  # every world size must fill at least one global batch
                 job.resolve_steps(n, size)

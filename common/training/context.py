@@ -4,6 +4,7 @@ backend, the runtime options and the derived sizes), made once per run instead o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from common.core.contract import Backend
 from common.training.runconfig import RunOptions
@@ -19,6 +20,7 @@ class Plan:
     steps_per_epoch: int
     total_steps: int
     replicas: int
+    pipeline: dict[str, Any] | None = None  # an input function's facts (common.training.streamed), else None
 
     @property
     def global_batch(self) -> int:

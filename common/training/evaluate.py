@@ -182,6 +182,10 @@ class Evaluator:
     def due(self, step: int) -> bool:
         return step != self._last and due(step, self.steps_per_epoch, self.job.eval_every_epochs, self.total_steps)
 
+    def values(self, ping: Callable[[], None] | None) -> dict[str, float]:
+        """The numbers of one evaluation (``run``'s): the arrays' (an input function's: ``streamed``)."""
+        return evaluate_arrays(self.job, self.model, self.x, self.y, ping=ping, fn=self._fn)
+
     def run(self, step: int, ping: Callable[[], None] | None = None) -> dict[str, Any]:
         """Evaluate after global step ``step``: the record's entry without its times (``StepHooks`` adds them).
         Collectives: every rank calls it at the same step."""
@@ -189,7 +193,7 @@ class Evaluator:
         self.backend.sync_model_state(self.model)  # BatchNorm statistics as MWMS reads them: the mean over ranks
         if self._fn is None:
             self._fn = _batch_fn(self.job, self.model)
-        values = evaluate_arrays(self.job, self.model, self.x, self.y, ping=ping, fn=self._fn)
+        values = self.values(ping)
         self.backend.barrier()  # every rank leaves together: the next timed window starts equal on all of them
         return {"epoch": step / self.steps_per_epoch, "step": step, **values}
 

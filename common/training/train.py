@@ -25,7 +25,7 @@ from common.core import results as res
 from common.core.contract import Backend, Capabilities, tuning_record
 from common.core.errors import PeerLost, Preempted, UsageError
 from common.core.privacy import public_env
-from common.training import evaluate, inputwait, loops, objective, observe
+from common.training import evaluate, inputwait, loops, objective, observe, streamed
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
 from common.training.loops import StepHooks
@@ -134,7 +134,8 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     hooks = StepHooks(ctx, resume.start_step, preemption, watchdog)
     own_loop = backend.train_loop()
     if own_loop is None:  # the shared loops evaluate; a backend's own (parameter servers) does not
-        hooks.evaluator = evaluate.make_evaluator(job, built.model, backend, plan.steps_per_epoch, plan.total_steps)
+        hooks.evaluator = streamed.make_evaluator(ctx, built.model) if plan.pipeline else \
+            evaluate.make_evaluator(job, built.model, backend, plan.steps_per_epoch, plan.total_steps)
     loop = own_loop or (loops.run_fit if job.mode == "fit" else loops.run_ctl)
     loop(ctx, built.model, built.optimizer, dataset, hooks)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
@@ -160,13 +161,17 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
 # -- the named steps ------------------------------------------------------------------------------------------
 def make_plan(job: Job, backend: Backend) -> Plan:
     replicas = backend.num_replicas
-    n_samples, _, _ = data_mod.dataset_info(job)
-    spe, total = job.resolve_steps(n_samples, replicas)
+    pipeline = None
+    if data_mod.streams(job):  # an input function: its steps from what it returns in every rank
+        spe, total, pipeline = streamed.plan(job, backend, job.per_replica_batch_size)
+    else:
+        n_samples, _, _ = data_mod.dataset_info(job)
+        spe, total = job.resolve_steps(n_samples, replicas)
     per_exec = job.steps_per_execution
     if spe % per_exec or total % per_exec:
         raise UsageError(f"{spe} steps per epoch and {total} steps at {replicas} replicas must be multiples of "
                          f"steps_per_execution = {per_exec} (the host sees the device only between executions)")
-    plan = Plan(job.per_replica_batch_size, job.scaled_learning_rate(replicas), spe, total, replicas)
+    plan = Plan(job.per_replica_batch_size, job.scaled_learning_rate(replicas), spe, total, replicas, pipeline)
     # before the model is built (ResNet-50 takes a while): files-mode sharding needs a shard per input pipeline
     data_mod.check_sharding(job, plan.global_batch, backend.num_workers)
     return plan
@@ -176,6 +181,8 @@ def training_input(ctx: RunContext, start_step: int) -> Callable[[int, int, int]
     """The dataset function ``backend.make_dataset`` calls per input pipeline: the job's training data from global
     step ``start_step``, cut by the plan's batch sizes."""
     job, plan = ctx.job, ctx.plan
+    if plan.pipeline is not None:
+        return streamed.dataset_fn(ctx, start_step)
 
     def dataset_fn(index: int, count: int, per: int) -> Any:
         return data_mod.make_train_dataset(job, plan.global_batch, index, count, per, start_step,
@@ -193,14 +200,14 @@ def announce(ctx: RunContext) -> None:
     if not ctx.verbose:
         return
     info, replicas, lr = backend.info, plan.replicas, plan.learning_rate
-    n_samples, _, _ = data_mod.dataset_info(job)
+    data = "input function" if plan.pipeline else f"{data_mod.dataset_info(job)[0]} samples"
     print(f"[twinbench] job {job.name!r} hash {job.job_hash} | backend {backend.name} | mode {job.mode} | "
           f"{info.num_workers} worker(s) x {info.replicas_per_worker} replica(s) = {replicas} replicas", flush=True)
     warm = f", warm-up {job.warmup_epochs} epoch(s) from {lr / replicas:g}" if job.warmup_epochs else ""
     print(f"[twinbench] global batch {plan.global_batch} = {plan.per_replica_batch} per replica x {replicas}; "
           f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}); "
-          f"{plan.total_steps} steps, {plan.steps_per_epoch} steps/epoch, dataset {job.dataset} ({n_samples} "
-          f"samples); host syncs every {job.sync_interval} steps", flush=True)
+          f"{plan.total_steps} steps, {plan.steps_per_epoch} steps/epoch, dataset {job.dataset} ({data}); "
+          f"host syncs every {job.sync_interval} steps", flush=True)
 
 
 def start_watchdog(backend: Backend, opts: RunOptions) -> tuple[rel.Heartbeat | None, rel.Watchdog | None]:
@@ -220,14 +227,21 @@ def build(ctx: RunContext) -> Built:
     job, backend = ctx.job, ctx.backend
     from common.workload import models as models_mod
 
-    _, input_shape, num_classes = data_mod.dataset_info(job)
+    pipeline = ctx.plan.pipeline
+    if pipeline is not None:
+        input_shape, num_classes = streamed.model_inputs(ctx)
+    else:
+        _, input_shape, num_classes = data_mod.dataset_info(job)
     tf.keras.utils.set_random_seed(job.seed)  # weights, dropout: identical on every rank and backend
     if job.mixed_precision:
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
     with backend.scope():
-        inner = models_mod.build_model(job, input_shape, num_classes)
+        inner = streamed.build_model(job, input_shape, num_classes) if pipeline else \
+            models_mod.build_model(job, input_shape, num_classes)
         if usercode.refs(job) or job.loss != DEFAULT_LOSS:  # the user's model, data or loss: do they fit together?
-            objective.check_loss_takes(job, inner.output_shape, data_mod.label_sample(job), num_classes)
+            labels = pipeline["labels"] if pipeline else data_mod.label_sample(job)
+            if labels is not None:
+                objective.check_loss_takes(job, inner.output_shape, labels, num_classes)
         optimizer = backend.wrap_optimizer(build_optimizer(job, ctx.plan.learning_rate), job.mode)
         if job.mode == "fit":
             model = _compile_for_fit(job, backend, inner, optimizer)
@@ -356,7 +370,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         network=netif.network(opts.iface, everyone),
         asynchronous=caps.asynchronous,  # parameter-server training: never in a parity claim
         input={**inputwait.summarise([r["input"] for r in everyone], stats["per_rank_timed_wall"]),
-               "path": caps.input_path},
+               "path": caps.input_path, **({"pipeline": plan.pipeline["record"]} if plan.pipeline else {})},
         topology=netif.topology(everyone),
         collective=caps.collective.to_dict(),
         tuning=tuning_record(list(caps.knobs), public_env()),

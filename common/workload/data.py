@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.core.errors import UsageError
-from common.workload import tfrecord, usercode
+from common.workload import inputfn, tfrecord, usercode
 from common.workload.datasets import DATASETS, DataError, list_image_folder
 from common.workload.job import Job
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = ["DataError", "DataUsageError", "check_sharding", "dataset_info", "label_sample", "list_image_folder",
-           "load_arrays", "make_train_dataset", "shard_geometry", "validation_arrays"]
+           "load_arrays", "make_train_dataset", "shard_geometry", "streams", "validation_arrays"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -44,6 +44,8 @@ def dataset_info(job: Job) -> tuple[int, tuple[int, ...], int | None]:
     dataset is loaded (once per process): its input shape is its features' ``x.shape[1:]``, its num_classes None
     for labels that are not integers (``common.workload.usercode.UserCodeError`` if its function fails).
     """
+    if streams(job):  # known only in the ranks, from the dataset the function returns there
+        raise DataError(f"dataset = {job.dataset!r} is an input function: its size is known only in the ranks")
     if usercode.is_ref(job.dataset):
         data = usercode.load_data(job)
         return len(data.x), data.input_shape, data.num_classes
@@ -72,9 +74,14 @@ def load_arrays(job: Job, scaled: bool = True) -> tuple[np.ndarray, np.ndarray]:
 
 def validation_arrays(job: Job) -> tuple[np.ndarray, np.ndarray] | None:
     """The validation split as a user dataset gave it, None for builtin datasets and user datasets without one."""
-    if not usercode.is_ref(job.dataset):
+    if not usercode.is_ref(job.dataset) or streams(job):
         return None
     return usercode.load_data(job).validation
+
+
+def streams(job: Job) -> bool:
+    """Is the job's dataset an input function (``common.workload.inputfn``), called only in the ranks?"""
+    return inputfn.is_input_fn(job)
 
 
 def label_sample(job: Job) -> np.ndarray:

@@ -42,7 +42,7 @@ OPTIONAL_KEYS = ("mlp_hidden", "image_shape", "num_classes", "synthetic_samples"
 TFRECORD_SHARDINGS = ("exact", "files")
 # Keys added after jobs were first hashed: hashed only when not at their default, so older hashes stay valid.
 LATER_KEYS = ("sync_every_steps", "steps_per_execution", "model_args", "dataset_args", "loss", "metrics",
-              "eval_every_epochs", "target_metric", "target_value", "code_digest")
+              "eval_every_epochs", "target_metric", "target_value", "code_digest", "input_batched")
 # Never hashed: where the user's code lies on this machine (code_digest covers the code itself).
 UNHASHED_KEYS = ("name", "pythonpath")
 DEFAULT_LOSS = "sparse_categorical_crossentropy"
@@ -62,6 +62,7 @@ class Job:
     # --- data ---
     dataset: str = "synthetic"  # a name of common.workload.datasets.DATASETS (synthetic, mnist...) | "pkg.mod:function"
     dataset_args: dict[str, Any] = field(default_factory=dict)  # user dataset only: keyword arguments of its function
+    input_batched: bool = True  # input function only: it batches by the per-replica batch (false: twinbench does)
     data_dir: str = ""  # where the real dataset's files are; nothing is ever downloaded
     image_shape: tuple[int, ...] = (28, 28, 1)  # synthetic / image_folder input shape (H, W, C); others fix their own
     num_classes: int = 10  # synthetic / image_folder label count; user dataset: 0 or unset = max(label) + 1
@@ -248,6 +249,9 @@ def _validate_user_code(job: Job, need: Any) -> None:
             json.dumps(args, allow_nan=False)
         except (TypeError, ValueError):
             need(False, f"{key}: values must be strings, numbers, booleans, lists or tables, got {args!r}")
+    need(job.input_batched or usercode.is_ref(job.dataset),
+         f"input_batched applies to a user input function (dataset = \"package.module:function\"), not to "
+         f"{job.dataset!r}")
     need(job.weight_decay == 0 or not usercode.is_ref(job.model),
          "weight_decay applies to builtin models: a user model puts its own regularizers on its layers (their "
          "losses are added to the objective)")

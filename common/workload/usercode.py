@@ -285,7 +285,8 @@ def build_model(tf: Any, job: Any, input_shape: tuple[int, ...], num_classes: in
     """The user's model, ``function(input_shape, num_classes, **model_args)``: a single-output tf.keras (Keras 2)
     model, made functional if it is not (fit needs its inputs), its output cast to float32 under mixed precision."""
     ref = job.model
-    model = call("model", ref, tuple(input_shape), num_classes, **job.model_args)
+    structured = isinstance(input_shape, dict | list)  # an input function's features: a shape per input
+    model = call("model", ref, input_shape if structured else tuple(input_shape), num_classes, **job.model_args)
     if not isinstance(model, tf.keras.Model):
         kind = f"{type(model).__module__}.{type(model).__name__}"
         if kind.startswith("keras."):
