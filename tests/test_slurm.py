@@ -149,22 +149,36 @@ def test_srun_native_and_horovod_same_losses(srun_native, srun_horovod):
 
 
 @distributed
-def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path):
-    """examples/my_job.toml (a user package found through the job's pythonpath, nothing exported) under srun -n 2
-    (native: SlurmClusterResolver; Horovod: --mpi=pmix) gives the same losses and validation numbers."""
+def _stream_job_args(tmp_path: Path) -> list[str]:
+    """examples/stream_job.toml's TFRecord files written into ``tmp_path``, and the flags that point the job at them."""
+    data = tmp_path / "stream-data"
+    run([PY, str(REPO / "examples" / "streampkg" / "records.py"), str(data)])
+    return ["--set", f"dataset_args={json.dumps({'data_dir': str(data)})}", "--set", "steps=12"]
+
+
+@pytest.mark.parametrize("example", ["my_job", "stream_job"])
+def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path, example):
+    """A user package found through the job's pythonpath, nothing exported, under srun -n 2 (native:
+    SlurmClusterResolver; Horovod: --mpi=pmix) gives the same losses and validation numbers: examples/my_job.toml
+    (arrays) and examples/stream_job.toml (an input function streaming each worker's own TFRecord files)."""
+    extra = _stream_job_args(tmp_path) if example == "stream_job" else []
     got = {}
     # (srun's own flags, the backend's flags): native takes its ports from --port-base, Horovod its PMIx from srun
     for kind, srun_flags, flags in (("native", [], ["--port-base", "12800"]), ("horovod", ["--mpi=pmix"], [])):
         out = tmp_path / kind
-        cmd = [PY, "-m", f"backends.{kind}", "--job", str(REPO / "examples" / "my_job.toml"), "--results", str(out),
-               "--quiet", *flags]
+        cmd = [PY, "-m", f"backends.{kind}", "--job", str(REPO / "examples" / f"{example}.toml"), "--results",
+               str(out), "--quiet", *flags, *extra]
         cluster.run(["srun", IMMEDIATE, "--kill-on-bad-exit=1", *srun_flags, "-n", "2", *cmd])
         got[kind] = only_result(out)
     nat, hvd = got["native"], got["horovod"]
     assert nat["job"]["code_digest"] and nat["job_hash"] == hvd["job_hash"]
     msg = first_divergence(nat["step_losses"], hvd["step_losses"], RTOL)
-    assert msg is None, f"srun native vs srun --mpi=pmix horovod on the user's job: {msg}"
-    assert [e["accuracy"] for e in nat["evaluations"]] == pytest.approx([e["accuracy"] for e in hvd["evaluations"]])
+    assert msg is None, f"srun native vs srun --mpi=pmix horovod on {example}: {msg}"
+    assert nat["evaluations"] and \
+        [e["accuracy"] for e in nat["evaluations"]] == pytest.approx([e["accuracy"] for e in hvd["evaluations"]])
+    if example == "stream_job":  # each worker read its own files, the same ones on both backends
+        fps = [[p["fingerprint"] for p in r["input"]["pipeline"]["per_rank"]] for r in (nat, hvd)]
+        assert fps[0] == fps[1] and len(set(fps[0])) == 2, fps
 
 
 # -- sbatch scripts ----------------------------------------------------------------------------------------------------
