@@ -14,6 +14,7 @@ from common.report.converge import EXIT_CONVERGED, EXIT_NOT_YET, check, converge
 from common.report.render import format_ratio_table, format_table
 from common.report.selection import select_jobs
 from common.report.summary import summarize
+from common.report.verdict import verdict_lines
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,4 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_tables(rep)
     for p in rep.paths:
         print(f"wrote {p}")
+    if not args.quiet and (lines := verdict_lines(rep.summaries)):
+        print("\nVerdict (" + f"{registry.RATIO[0]} vs {registry.RATIO[1]}" + "):\n" + "\n".join(lines))
     return 0
