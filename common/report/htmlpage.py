@@ -9,6 +9,7 @@ import html
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from common.report.baseline import Baseline, baseline_table
 from common.report.machines import format_machines, subtitle
 from common.report.model import ModelSection
 from common.report.render import (
@@ -125,9 +126,19 @@ def verdict_html(summaries: Sequence[JobSummary]) -> list[str]:
     return out + [f"<p class='muted'>{esc(VERDICT_NOTE)}</p></div>"]
 
 
+def baseline_html(b: Baseline, old_sources: Sequence[str]) -> list[str]:
+    """The section against the baseline (``--baseline``), after the verdict."""
+    *notes, last = b.lines()
+    return ["<h2>Against the baseline</h2>",
+            f"<p>NEW = this report's results; OLD = {esc(', '.join(old_sources))}.</p>",
+            table(*baseline_table(b.changes)), *(f"<p class='muted'>{esc(x)}</p>" for x in notes),
+            f"<p><strong>{esc(last)}</strong></p>"]
+
+
 def format_html(summaries: Sequence[JobSummary], *, sources: Sequence[Path] = (),
                 images: Mapping[str, Sequence[Path]] | None = None, models: Sequence[ModelSection] = (),
-                other_images: Sequence[Path] = ()) -> str:
+                other_images: Sequence[Path] = (), baseline: Baseline | None = None,
+                baseline_sources: Sequence[str] = ()) -> str:
     """The whole report.html."""
     parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
              "<meta name='viewport' content='width=device-width, initial-scale=1'>",
@@ -136,6 +147,8 @@ def format_html(summaries: Sequence[JobSummary], *, sources: Sequence[Path] = ()
     if sources:
         parts.append(f"<p>{esc(results_line(summaries, sources).replace('`', ''))}</p>")
     parts += verdict_html(summaries)
+    if baseline is not None:
+        parts += baseline_html(baseline, baseline_sources)
     parts += ["<h2>Method</h2>", "<ul>", *(f"<li>{esc(m)}</li>" for m in METHOD), "</ul>",
               f"<p class='muted'>Definitions: {esc(DEFINITIONS)}.</p>"]
     for s in summaries:

@@ -142,8 +142,9 @@ def _libraries_text(m: Mapping[str, Any], keys: Sequence[tuple[str, str]]) -> st
 
 
 def describe(m: Mapping[str, Any]) -> str:
-    """One machine set: CPU x cores, GPU or "no GPU", nodes, the CUDA / cuDNN TensorFlow was built for, MPI (NCCL and Slurm jobs are listed per
-    line by ``format_machines``: they differ between backends and runs of one machine)."""
+    """One machine set: CPU x cores, GPU or "no GPU", nodes, the CUDA / cuDNN TensorFlow was built for, MPI (NCCL
+    and Slurm jobs are listed per line by ``format_machines``: they differ between backends and runs of one
+    machine)."""
     return (f"{_cpu_text(m)}; {_gpu_text(m)}; {nodes_text(_num_nodes(m))}; {_tf_build_text(m)}; "
             f"{_libraries_text(m, (('mpi', 'MPI'),))}")
 

@@ -318,13 +318,15 @@ def results_line(summaries: Sequence[JobSummary], sources: Sequence[Path]) -> st
 
 
 def format_markdown(summaries: Sequence[JobSummary], *, results_dir: Path | None = None,
-                    images: Mapping[str, Sequence[Path]] | None = None, sources: Sequence[Path] = ()) -> str:
-    """The whole report.md: method, definitions, then one section per job."""
+                    images: Mapping[str, Sequence[Path]] | None = None, sources: Sequence[Path] = (),
+                    after_verdict: Sequence[str] = ()) -> str:
+    """The whole report.md: the verdict (then ``after_verdict``: the baseline's section), method, definitions, then
+    one section per job."""
     lines = ["# twinbench scaling report", ""]
     sources = list(sources) or ([results_dir] if results_dir is not None else [])
     if sources:
         lines += [results_line(summaries, sources), ""]
-    lines += verdict_section(summaries)
+    lines += [*verdict_section(summaries), *after_verdict]
     lines += ["## Method", "", *(f"- {m}" for m in METHOD), "", f"Definitions: {DEFINITIONS}.", ""]
     for s in summaries:
         lines.append(format_section(s, results_dir=results_dir, images=(images or {}).get(s.job_hash, ())))
