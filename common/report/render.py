@@ -221,7 +221,7 @@ def resources_table(summary: JobSummary) -> tuple[list[str], list[list[str]], st
                       f(res.gpu_hours_to_target, ".3g")]
         body.append(cells)
     note = ("Peak memory per rank: the largest rank's, median over repeats; GPU = TensorFlow's allocator peak on the "
-            "rank's GPU, host RSS = the process's peak resident set (getrusage).")
+            "rank's GPU, host RSS = the process's peak resident set (getrusage, at least Linux's VmHWM).")
     if gpu:
         note += (f" Energy: {ENERGY_SCOPE}; n/a where not measured. GPU-hours per epoch = GPUs x mean step time x "
                  "steps per epoch; to target = GPUs x time to target.")
