@@ -23,7 +23,7 @@ FALLBACK_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers \
 setup:  ## idempotent: Debian OpenMPI, .venv, TensorFlow, tf-keras, Horovod (wheel cached in ~/.cache/twinbench)
 	TWINBENCH_VENV=.venv bash scripts/setup.sh
 
-demo: setup  ## local CPU comparison of both backends at 1 and 2 workers on jobs/smoke.toml, then the report
+demo: setup  ## local CPU comparison of both backends at 1 and 2 workers on jobs/demo.toml, then the report
 	bash scripts/demo.sh
 
 # The suite on two workers: the files that start a Slurm or an emulated cluster on one, the others on the other

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: a local CPU comparison of both backends at 1 and 2 workers on jobs/smoke.toml, then the report.
+# The main job: a local CPU comparison of both backends at 1 and 2 workers on jobs/demo.toml (a small CNN, custom loop),
+# then the report, whose verdict lines end the output.
 # Each run's full output goes to $OUT/logs/; on failure its tail is shown.
 # UNTIL=5% (or 0.05): after the REPEATS rounds, add one interleaved round of every cell at a time until every cell's
 # 95% interval of its median is within 5% of it (python -m common.report DIR --until 5%: never before 6 repeats, as a
@@ -8,10 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}  # the environment to run: .venv (TensorFlow 2.21) or .venv-tf2.18 (the fallback)
 PY=$VENV/bin/python
-JOB=${JOB:-jobs/smoke.toml}
+JOB=${JOB:-jobs/demo.toml}
 OUT=${OUT:-demo-results}
-MODE=${MODE:-fit}
-STEPS=${STEPS:-200}  # smoke.toml's 12 steps test correctness; 200 (10 untimed) give the timing something to average
+MODE=${MODE:-ctl}  # the breakdown's loop: with ctl the diagnostic runs are the same job (hash) as the benchmark
+STEPS=${STEPS:-200}  # the job file's 12 steps test correctness; 200 (10 untimed) give the timing something to average
 REPEATS=${REPEATS:-3}  # runs per backend x world size: 2-5 give the report a min-max range, 6 a 95% CI
 UNTIL=${UNTIL:-}  # e.g. 5%: add rounds until every cell's interval is within 5% of its median (empty: REPEATS only)
 export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/$VENV/bin:$PATH"
@@ -103,7 +104,8 @@ for b in "${BACKENDS[@]}"; do
 done
 # Step-time breakdown: a DIAGNOSTIC run per backend x world size (the custom loop's step with its phases serialized
 # and timed on the device; its own kind of record, never in the benchmark figures), after the benchmark runs so it
-# cannot disturb them. Same job settings as the benchmark, so with MODE=ctl the report compares the two step times.
+# cannot disturb them. The breakdown splits the custom loop's step: with MODE=ctl (the default) it is the benchmark's
+# job, same hash, so the report compares the two step times and the planner finds its overlap.
 DIAG=(--job "$JOB" --set mode=ctl --set steps="$STEPS" --set timing_warmup_steps=10 --diagnose breakdown
       --results "$OUT")
 for n in 1 2; do
@@ -113,5 +115,5 @@ for n in 1 2; do
   done
 done
 echo
-$PY -m common.report "$OUT" --out "$OUT/report"
 echo "plots and the full report (scaling model and step-time breakdown included): $OUT/report/"
+$PY -m common.report "$OUT" --out "$OUT/report"  # tables, the files written, then the verdict lines

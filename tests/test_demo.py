@@ -31,6 +31,12 @@ def test_demo_compares_both_backends_and_reports(tmp_path):
                      ("native", 1), ("native", 1), ("native", 2), ("native", 2)]
     assert {r["steps"] for r in runs if r["kind"] == "train"} == {40}
     assert len({r["job_hash"] for r in runs if r["kind"] == "train"}) == 1
+    # the breakdown runs the benchmark's job (same mode, same hash): the planner finds its overlap
+    assert {r["job_hash"] for r in runs if r["kind"] == "breakdown"} == {r["job_hash"] for r in runs
+                                                                        if r["kind"] == "train"}
+    # the printed output ends with the verdict, one line per layout
+    assert [ln.split(":")[0] for ln in proc.stdout.rstrip().splitlines()[-2:]] == ["  1 node x 1 rank",
+                                                                                   "  1 node x 2 ranks"]
     assert sorted(r["backend"] for r in runs if r["kind"] == "allreduce") == ["horovod", "native"]
     # the printed table has a row per backend x world size (one host: layout 1 x ws), and the report names its plots
     for backend in ("native", "horovod"):

@@ -341,8 +341,9 @@ def test_runs_on_different_cpus_get_rows_of_their_own(tmp_path: Path) -> None:
     section = md.split("### Machine")[1].split("### Environment")[0]
     lines = [x for x in section.splitlines() if x.startswith("- ")]
     assert len(lines) == 2
-    assert "Intel(R) Xeon(R) Gold 6248 x 64 logical cores; no GPU; 1 node; CUDA 12.5.1, cuDNN 9, MPI Open MPI" \
-        in lines[0] + lines[1] and any("AMD EPYC 7742 x 64" in x for x in lines)
+    # a CPU machine with a GPU build of TensorFlow: what TF was built for, never read as the machine's CUDA
+    assert "Intel(R) Xeon(R) Gold 6248 x 64 logical cores; no GPU; 1 node; TF built for CUDA 12.5.1, cuDNN 9; MPI " \
+        "Open MPI" in lines[0] + lines[1] and any("AMD EPYC 7742 x 64" in x for x in lines)
     assert all("Slurm job(s) 11.0 (p), 12.0 (p)" in x for x in lines)
 
 
@@ -397,3 +398,13 @@ def test_environment_paths_are_relative_and_name_no_home(tmp_path: Path) -> None
     env = md.split("### Environment")[1]
     assert "--results ." in env and "./tl.json" in env
     assert "/root" not in md and "/home/" not in md and (home in ("/", "") or home not in md)
+
+
+def test_machine_line_says_what_tensorflow_was_built_for() -> None:
+    gpu_build = machines.describe(block("C"))
+    assert "; no GPU; 1 node; TF built for CUDA 12.5.1, cuDNN 9; MPI Open MPI v4.1.4" in gpu_build
+    cpu = block("C")
+    for libs in machine.section(cpu, "libraries"):
+        libs.update(cuda=None, cudnn=None)  # a CPU build of TensorFlow: no CUDA in its build info
+    assert machines.describe(cpu).endswith("; no GPU; 1 node; TF built without CUDA; MPI Open MPI v4.1.4")
+    assert "driver 550.54.15" in machines.describe(block("C", A100))  # the machine's own: the GPU's driver

@@ -84,7 +84,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _nvml_handle(nvml: Any, selector: str) -> Any:
+def nvml_handle(nvml: Any, selector: str) -> Any:
     if selector.isdigit():
         return nvml.nvmlDeviceGetHandleByIndex(int(selector))
     try:
@@ -101,7 +101,7 @@ def gpu_from_nvml(selector: str, nvml: Any) -> dict[str, Any]:
     """The GPU NVML calls ``selector`` (raises whatever NVML raises: the caller falls back)."""
     nvml.nvmlInit()
     try:
-        handle = _nvml_handle(nvml, selector)
+        handle = nvml_handle(nvml, selector)
         major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
         return {"model": _text(nvml.nvmlDeviceGetName(handle)),
                 "memory_bytes": int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
@@ -281,10 +281,21 @@ def network_facts(iface: str | None, sysfs: str = SYSFS) -> dict[str, Any]:
     return {"interface": iface, "link_speed_mbps": link_speed(iface, sysfs), "rdma_devices": rdma_devices(sysfs)}
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (getrusage's ru_maxrss: KiB on Linux, bytes on macOS)."""
+def peak_rss_bytes(status: str = "/proc/self/status") -> int:
+    """This process's peak resident set size so far (getrusage's ru_maxrss: KiB on Linux, bytes on macOS), and at
+    least Linux's VmHWM and VmRSS: the kernel syncs each thread's RSS counters lazily, so with many threads (as
+    TensorFlow runs) ru_maxrss can trail the current RSS by a few pages."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+    best = int(peak) if sys.platform == "darwin" else int(peak) * 1024
+    try:
+        with open(status, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmHWM", "VmRSS") and value.split() and value.split()[0].isdigit():
+                    best = max(best, int(value.split()[0]) * 1024)  # "VmRSS:   123456 kB"
+    except OSError:
+        pass  # not Linux: getrusage's figure alone
+    return best
 
 
 # -- one rank, then the record --------------------------------------------------------------------------------

@@ -103,6 +103,9 @@ class RunRecord:
     # duration, excluded from the clock marks and throughput) and wall_time (s since the first step, evaluations in)
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # keys: EVALUATION_META, "loss", the metrics
     time_to_target_s: float | None = None  # wall_time of the first evaluation reaching the job's target; None: not
+    # GPU energy over the timed steps (common.cluster.energy.combine): gpu_joules summed over the ranks' GPUs, scope
+    # "GPU only", per rank; None without a GPU or a counter (pre-Volta): absent, never zero
+    energy: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (a deep copy), keys in field order."""

@@ -14,6 +14,7 @@ from common.core import registry
 from common.core.records import AllreduceRecord
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord, write_atomic
 from common.report.base import MixedVersionsError, ReportError, warn
+from common.report.baseline import Baseline, baseline_markdown, compare
 from common.report.htmlpage import format_html
 from common.report.load import LoadedRun, load_allreduce, load_breakdowns, load_runs, result_files, sort_allreduce
 from common.report.model import format_allreduce, format_model
@@ -32,6 +33,7 @@ class Report:
 
     summaries: list[JobSummary]
     paths: list[Path]
+    baseline: Baseline | None = None  # NEW against OLD (``--baseline``)
 
 
 def check_versions(summaries: Sequence[JobSummary], *, allow_mixed: bool,
@@ -120,9 +122,11 @@ def load_set(roots: Sequence[Path], warn: Callable[[str], None] = warn) -> list[
 def build_report(results_dir: PathArg | Sequence[PathArg], out_dir: PathArg | None = None, *,
                  job_hash: str | None = None, compare: Sequence[str] | None = None,
                  job: Mapping[str, Any] | None = None, plots: bool = True, allow_mixed_versions: bool = False,
-                 extrapolate_to: int | None = None, warn: Callable[[str], None] = warn) -> Report:
+                 extrapolate_to: int | None = None, warn: Callable[[str], None] = warn,
+                 baseline: Sequence[PathArg] = (), tolerance: float = 0.05) -> Report:
     """load_runs (of one or several directories, one set) -> summarize -> select_jobs -> check_versions -> write
-    report.md, report.html, report.csv and the PNGs (default output: the first directory's ``report``)."""
+    report.md, report.html, report.csv and the PNGs (default output: the first directory's ``report``); with
+    ``baseline`` (directories of OLD results) the cells against OLD's too (common.report.baseline)."""
     roots = _roots(results_dir)
     runs = load_set(roots, warn)
     breakdowns = sorted((b for root in roots for b in load_breakdowns(root, warn=warn)),
@@ -134,6 +138,8 @@ def build_report(results_dir: PathArg | Sequence[PathArg], out_dir: PathArg | No
         raise ReportError(f"no results in {where}: {why}")
     summaries = select_jobs(summarize(runs), job_hash=job_hash, compare=compare, job=job, where=where)
     check_versions(summaries, allow_mixed=allow_mixed_versions, warn=warn)
+    against = _baseline(baseline, summaries, tolerance, allow_mixed_versions, warn) if baseline else None
+    old_where = [str(p) for p in _roots(baseline)] if baseline else []
     out = _out_dir(roots[0], out_dir)
     paths: list[Path] = []
     plots = _can_plot(plots, warn)
@@ -145,13 +151,35 @@ def build_report(results_dir: PathArg | Sequence[PathArg], out_dir: PathArg | No
         breakdowns = [b for b in breakdowns if b.job_hash in {s.job_hash for s in summaries}]
     extra += _breakdown_part(breakdowns, runs, benches, out, plots, paths)
     base = roots[0] if len(roots) == 1 else Path(os.path.commonpath([r.absolute() for r in roots]))
-    md = format_markdown(summaries, results_dir=base, images=images, sources=roots) + extra
+    md = format_markdown(summaries, results_dir=base, images=images, sources=roots,
+                         after_verdict=baseline_markdown(against, old_where) if against else ()) + extra
     paths.insert(0, write_atomic(out / "report.md", md))
     others = [p for p in paths if p.name.startswith(("allreduce", "breakdown"))]
-    html = format_html(summaries, sources=roots, images=images, models=models, other_images=others)
+    html = format_html(summaries, sources=roots, images=images, models=models, other_images=others,
+                       baseline=against, baseline_sources=old_where)
     paths.insert(1, write_atomic(out / "report.html", html))
     paths.insert(2, write_atomic(out / "report.csv", format_csv(summaries)))
-    return Report(summaries, paths)
+    return Report(summaries, paths, against)
+
+
+def _baseline(dirs: Sequence[PathArg], new: Sequence[JobSummary], tolerance: float, allow_mixed: bool,
+              warn: Callable[[str], None]) -> Baseline:
+    """NEW's jobs against the runs of the baseline directories (read as one set; its versions checked as NEW's
+    are: a mix inside OLD is refused unless allowed, across NEW and OLD it is the point)."""
+    roots = _roots(dirs)
+    for r in roots:
+        if not r.is_dir():
+            raise ReportError(f"--baseline {str(r)!r} is not a directory of results")
+    old = summarize(load_set(roots, warn))
+    if not old:
+        raise ReportError(f"no training results in the baseline {', '.join(repr(str(r)) for r in roots)}")
+    hashes = {s.job_hash for s in new}
+    old = [s for s in old if s.job_hash in hashes]
+    if not old:
+        raise ReportError("the baseline holds no run of the job(s) reported (different job hashes): nothing to "
+                          "compare")
+    check_versions(old, allow_mixed=allow_mixed, warn=warn)
+    return compare(new, old, tolerance)
 
 
 def write_report(results_dir: PathArg | Sequence[PathArg], out_dir: PathArg | None = None, *,

@@ -9,11 +9,14 @@ from pathlib import Path
 
 from common.core import registry
 from common.report.base import ReportError
+from common.report.baseline import EXIT_SLOWER, baseline_table, parse_tolerance
 from common.report.build import Report, build_report, load_set
 from common.report.converge import EXIT_CONVERGED, EXIT_NOT_YET, check, converged, format_checks, parse_width
 from common.report.render import format_ratio_table, format_table
+from common.report.render import md_table as format_md_table
 from common.report.selection import select_jobs
 from common.report.summary import summarize
+from common.report.verdict import verdict_lines
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="instead of writing the report: is every cell's 95%% interval of the median within WIDTH "
                         "(e.g. 5%% or 0.05) of its median? Needs 6 runs per cell; exit 0 yes, 1 not yet "
                         "(common.report.converge)")
+    p.add_argument("--baseline", type=Path, action="append", default=[], metavar="OLD",
+                   help="compare every cell with the same cell of the results in OLD (repeatable: one set): change "
+                        "of median img/s with its bootstrap interval, final loss and validation, the software "
+                        "stacks' differences; exit 4 when a cell is slower beyond --tolerance")
+    p.add_argument("--tolerance", metavar="T", help="with --baseline: the change that counts, e.g. 5%% or 0.05 "
+                                                    "(default 5%%)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the paths written, not the tables")
     return p
 
@@ -75,19 +84,22 @@ def _until(args: argparse.Namespace, job: dict | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 2 bad input or a refused comparison; with --until 0 every
-    cell converged, 1 not yet)."""
+    cell converged, 1 not yet; with --baseline 4 when a cell is slower than OLD beyond the tolerance)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.set and args.job is None:
         parser.error("--set only applies with --job")
     if args.extrapolate_to is not None and args.extrapolate_to < 2:
         parser.error("--extrapolate-to must be at least 2")
-    if args.until is not None:
-        try:
+    if args.tolerance is not None and not args.baseline:
+        parser.error("--tolerance only applies with --baseline")
+    try:
+        if args.until is not None:
             parse_width(args.until)
-        except ValueError as e:
-            print(f"report: {e}", file=sys.stderr)
-            return 2
+        tolerance = parse_tolerance(args.tolerance or "5%")
+    except ValueError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
     try:
         job = None
         if args.job is not None:
@@ -101,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _until(args, job)
         rep = build_report(args.results_dir, args.out, job_hash=args.job_hash, compare=args.compare, job=job,
                            plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions,
-                           extrapolate_to=args.extrapolate_to)
+                           extrapolate_to=args.extrapolate_to, baseline=args.baseline, tolerance=tolerance)
     except ReportError as e:
         print(f"report: {e.prefix}{e}", file=sys.stderr)
         return 2
@@ -109,4 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_tables(rep)
     for p in rep.paths:
         print(f"wrote {p}")
-    return 0
+    if not args.quiet and (lines := verdict_lines(rep.summaries)):
+        print("\nVerdict (" + f"{registry.RATIO[0]} vs {registry.RATIO[1]}" + "):\n" + "\n".join(lines))
+    if rep.baseline is None:
+        return 0
+    if not args.quiet:
+        print("\nAgainst the baseline:\n" + format_md_table(*baseline_table(rep.baseline.changes)))
+        print("\n".join(rep.baseline.lines()[:-1]))
+    print(rep.baseline.summary_line())
+    return EXIT_SLOWER if rep.baseline.slower else 0

@@ -9,6 +9,7 @@ import html
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from common.report.baseline import Baseline, baseline_table
 from common.report.machines import format_machines, subtitle
 from common.report.model import ModelSection
 from common.report.render import (
@@ -19,11 +20,13 @@ from common.report.render import (
     baselines,
     best_tables,
     ratio_table,
+    resources_table,
     results_line,
     scaling_table,
     validation_table,
 )
 from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, row_label
+from common.report.verdict import VERDICT_NOTE, job_verdicts
 from common.report.versions import versions_by_key
 
 STYLE = """
@@ -38,6 +41,8 @@ tr:nth-child(even) td { background: #fafafa; }
 .plots img { max-width: 100%; width: 620px; margin: 0.3em; border: 1px solid #ddd; }
 .model { background: #fff8e6; border-left: 4px solid #e0a800; padding: 0.2em 1em; }
 code { background: #f3f3f3; padding: 0 0.2em; } .muted { color: #555; font-size: 0.9em; }
+.verdict { background: #eef6ee; border-left: 4px solid #2e7d32; padding: 0.2em 1em; }
+.verdict li { margin: 0.3em 0; }
 """
 
 
@@ -80,6 +85,10 @@ def _job(s: JobSummary, images: Sequence[Path]) -> list[str]:
     if validation:
         header, body, note = validation
         out += ["<h3>Time to target and validation</h3>", table(header, body), f"<p class='muted'>{esc(note)}</p>"]
+    resources = resources_table(s)
+    if resources:
+        header, body, note = resources
+        out += ["<h3>Memory and energy</h3>", table(header, body), f"<p class='muted'>{esc(note)}</p>"]
     best = best_tables(s)
     if best:
         out += ["<h3>Best vs best</h3>", *(table(h, b) for h, b in best), f"<p class='muted'>{esc(BEST_NOTE)}</p>"]
@@ -107,9 +116,29 @@ def _model(m: ModelSection) -> list[str]:
     return out + ["</div>"]
 
 
+def verdict_html(summaries: Sequence[JobSummary]) -> list[str]:
+    """The page's first section: per job, one verdict line per layout."""
+    out = ["<div class='verdict'><h2>Verdict</h2>"]
+    for s in summaries:
+        lines = [v.text for v in job_verdicts(s)] or ["no runs of both backends to compare"]
+        out += [f"<p>{esc(s.name)} <code>{esc(s.job_hash)}</code>, {esc(RATIO_NUM)} vs {esc(RATIO_DEN)}:</p>",
+                "<ul>", *(f"<li>{esc(t)}</li>" for t in lines), "</ul>"]
+    return out + [f"<p class='muted'>{esc(VERDICT_NOTE)}</p></div>"]
+
+
+def baseline_html(b: Baseline, old_sources: Sequence[str]) -> list[str]:
+    """The section against the baseline (``--baseline``), after the verdict."""
+    *notes, last = b.lines()
+    return ["<h2>Against the baseline</h2>",
+            f"<p>NEW = this report's results; OLD = {esc(', '.join(old_sources))}.</p>",
+            table(*baseline_table(b.changes)), *(f"<p class='muted'>{esc(x)}</p>" for x in notes),
+            f"<p><strong>{esc(last)}</strong></p>"]
+
+
 def format_html(summaries: Sequence[JobSummary], *, sources: Sequence[Path] = (),
                 images: Mapping[str, Sequence[Path]] | None = None, models: Sequence[ModelSection] = (),
-                other_images: Sequence[Path] = ()) -> str:
+                other_images: Sequence[Path] = (), baseline: Baseline | None = None,
+                baseline_sources: Sequence[str] = ()) -> str:
     """The whole report.html."""
     parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
              "<meta name='viewport' content='width=device-width, initial-scale=1'>",
@@ -117,6 +146,9 @@ def format_html(summaries: Sequence[JobSummary], *, sources: Sequence[Path] = ()
              "<h1>twinbench scaling report</h1>"]
     if sources:
         parts.append(f"<p>{esc(results_line(summaries, sources).replace('`', ''))}</p>")
+    parts += verdict_html(summaries)
+    if baseline is not None:
+        parts += baseline_html(baseline, baseline_sources)
     parts += ["<h2>Method</h2>", "<ul>", *(f"<li>{esc(m)}</li>" for m in METHOD), "</ul>",
               f"<p class='muted'>Definitions: {esc(DEFINITIONS)}.</p>"]
     for s in summaries:

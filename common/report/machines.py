@@ -142,10 +142,20 @@ def _libraries_text(m: Mapping[str, Any], keys: Sequence[tuple[str, str]]) -> st
 
 
 def describe(m: Mapping[str, Any]) -> str:
-    """One machine set: CPU x cores, GPU or "no GPU", nodes, CUDA / cuDNN / MPI (NCCL and Slurm jobs are listed per
-    line by ``format_machines``: they differ between backends and runs of one machine)."""
-    return (f"{_cpu_text(m)}; {_gpu_text(m)}; {nodes_text(_num_nodes(m))}; "
-            f"{_libraries_text(m, (('cuda', 'CUDA'), ('cudnn', 'cuDNN'), ('mpi', 'MPI')))}")
+    """One machine set: CPU x cores, GPU or "no GPU", nodes, the CUDA / cuDNN TensorFlow was built for, MPI (NCCL
+    and Slurm jobs are listed per line by ``format_machines``: they differ between backends and runs of one
+    machine)."""
+    return (f"{_cpu_text(m)}; {_gpu_text(m)}; {nodes_text(_num_nodes(m))}; {_tf_build_text(m)}; "
+            f"{_libraries_text(m, (('mpi', 'MPI'),))}")
+
+
+def _tf_build_text(m: Mapping[str, Any]) -> str:
+    """What TensorFlow was built for, apart from what the machine has: "TF built for CUDA 12.5.1, cuDNN 9" (a GPU
+    build, on a GPU machine or not), "TF built without CUDA" (a CPU build)."""
+    libs = [x for x in section(m, "libraries") if isinstance(x, Mapping)]
+    if not any(x.get("cuda") or x.get("cudnn") for x in libs):
+        return "TF built without CUDA"
+    return "TF built for " + _libraries_text(m, (("cuda", "CUDA"), ("cudnn", "cuDNN")))
 
 
 def _slurm_jobs(runs: Sequence[RunRecord]) -> list[str]:

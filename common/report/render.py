@@ -20,6 +20,7 @@ from common.report.environment import (
     shorten_paths,
 )
 from common.report.evaluation import TTT_METHOD, validation_names
+from common.report.resources import ENERGY_SCOPE, memory_text
 from common.report.rows import (
     RATIO_DEN,
     RATIO_NUM,
@@ -29,6 +30,7 @@ from common.report.rows import (
     input_text,
 )
 from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS
+from common.report.verdict import VERDICT_NOTE, job_verdicts
 
 METHOD = (
     "centre = the median images/s over a row's repeats (Hoefler & Belli, SC15: medians and nonparametric "
@@ -199,6 +201,33 @@ def format_validation_table(summary: JobSummary) -> str | None:
     return None if got is None else md_table(got[0], got[1]) + f"\n\n{got[2]}"
 
 
+def resources_table(summary: JobSummary) -> tuple[list[str], list[list[str]], str] | None:
+    """Peak memory per rank and, for rows on GPUs, GPU energy and GPU-hours, as (header, body, note); None when no
+    run recorded any."""
+    rows = summary.rows
+    gpu = any(r.machine.gpu for r in rows)
+    if not any(r.resources.memory_kind for r in rows) and not gpu:
+        return None
+    f = fmt_num
+    header = ["backend", "replicas", "layout", "workers", "repeats", "img/s median", "peak memory per rank"]
+    if gpu:
+        header += ["GPU energy (J)", "energy per image (mJ)", "GPU-hours per epoch", "GPU-hours to target"]
+    body = []
+    for r in rows:
+        res = r.resources
+        cells = [*_cell_cells(r), memory_text(res) or NA]
+        if gpu:
+            cells += [f(res.energy_j, ".1f"), f(res.energy_per_image_j, ".3g", 1e3), f(res.gpu_hours_per_epoch, ".3g"),
+                      f(res.gpu_hours_to_target, ".3g")]
+        body.append(cells)
+    note = ("Peak memory per rank: the largest rank's, median over repeats; GPU = TensorFlow's allocator peak on the "
+            "rank's GPU, host RSS = the process's peak resident set (getrusage, at least Linux's VmHWM).")
+    if gpu:
+        note += (f" Energy: {ENERGY_SCOPE}; n/a where not measured. GPU-hours per epoch = GPUs x mean step time x "
+                 "steps per epoch; to target = GPUs x time to target.")
+    return header, body, note
+
+
 def format_best_table(summary: JobSummary) -> str | None:
     """Best vs best (common.report.best) in Markdown: per backend and size the default and the fastest variant,
     then the backend ratio of the fastest beside that of the defaults; None when the job has no variants."""
@@ -256,6 +285,9 @@ def _head(s: JobSummary, h: str) -> list[str]:
     validation = format_validation_table(s)
     if validation:
         lines += [f"{h}# Time to target and validation", "", validation, ""]
+    resources = resources_table(s)
+    if resources:
+        lines += [f"{h}# Memory and energy", "", md_table(resources[0], resources[1]), "", resources[2], ""]
     best = format_best_table(s)
     return lines + ([f"{h}# Best vs best", "", best, ""] if best else [])
 
@@ -286,16 +318,30 @@ def results_line(summaries: Sequence[JobSummary], sources: Sequence[Path]) -> st
 
 
 def format_markdown(summaries: Sequence[JobSummary], *, results_dir: Path | None = None,
-                    images: Mapping[str, Sequence[Path]] | None = None, sources: Sequence[Path] = ()) -> str:
-    """The whole report.md: method, definitions, then one section per job."""
+                    images: Mapping[str, Sequence[Path]] | None = None, sources: Sequence[Path] = (),
+                    after_verdict: Sequence[str] = ()) -> str:
+    """The whole report.md: the verdict (then ``after_verdict``: the baseline's section), method, definitions, then
+    one section per job."""
     lines = ["# twinbench scaling report", ""]
     sources = list(sources) or ([results_dir] if results_dir is not None else [])
     if sources:
         lines += [results_line(summaries, sources), ""]
+    lines += [*verdict_section(summaries), *after_verdict]
     lines += ["## Method", "", *(f"- {m}" for m in METHOD), "", f"Definitions: {DEFINITIONS}.", ""]
     for s in summaries:
         lines.append(format_section(s, results_dir=results_dir, images=(images or {}).get(s.job_hash, ())))
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def verdict_section(summaries: Sequence[JobSummary]) -> list[str]:
+    """The report's first section: per job, one verdict line per layout (common.report.verdict)."""
+    lines = ["## Verdict", ""]
+    for s in summaries:
+        vs = job_verdicts(s)
+        lines += [f"`{md_escape(s.name)}` (`{s.job_hash}`), {RATIO_NUM} vs {RATIO_DEN}:", ""]
+        lines += [f"- {md_escape(v.text)}" for v in vs] or ["- no runs of both backends to compare"]
+        lines.append("")
+    return lines + [VERDICT_NOTE, ""]
 
 
 def format_csv(summaries: Sequence[JobSummary]) -> str:

@@ -12,6 +12,7 @@ from common.core import registry
 from common.core.results import RunRecord
 from common.report.base import NA
 from common.report.load import LoadedRun
+from common.report.resources import Resources
 from common.report.stats import Interval
 
 RATIO_NUM, RATIO_DEN = registry.RATIO  # numerator and denominator of the throughput ratio
@@ -121,6 +122,7 @@ class Row:
     input: InputWait
     validation: Validation
     scaling: Scaling = field(default_factory=Scaling)
+    resources: Resources = field(default_factory=Resources)
 
     @property
     def layout_counts(self) -> tuple[int | None, int | None]:
@@ -151,6 +153,8 @@ class RatioRow:
     den_collective: str | None = None  # the rows' used collectives
     num_collective: str | None = None
     caveat: str | None = None  # why the ratio is not like for like (collectives_caveat), None when it is
+    den_row: Row | None = None  # the rows the ratio pairs (None: that side did not run here)
+    num_row: Row | None = None
 
 
 @dataclass

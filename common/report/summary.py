@@ -15,6 +15,7 @@ from common.report.evaluation import row_validation
 from common.report.load import LoadedRun
 from common.report.machines import MachineKey, machine_keys, nodes_text
 from common.report.notes import run_notes
+from common.report.resources import row_resources
 from common.report.rows import (
     RATIO_DEN,
     RATIO_NUM,
@@ -56,6 +57,7 @@ def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
     """The row of ``runs`` (one label, machine, world size, layout and worker count)."""
     recs = [r.record for r in runs]
     first = recs[0]
+    gpu = any(gpu_run(r) for r in recs)
     ips = [float(r.images_per_sec) for r in recs]
     used = sorted({c for r in recs if (c := r.collective_used)})
     gbs = Counter(r.global_batch_size for r in recs if isinstance(r.global_batch_size, int))
@@ -67,13 +69,14 @@ def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
         comparable=first.strategy is None and first.asynchronous is not True)
     return Row(
         identity=identity,
-        machine=Machine(key.suffix(), hw, key.nodes, any(gpu_run(r) for r in recs)),
+        machine=Machine(key.suffix(), hw, key.nodes, gpu),
         throughput=Throughput(ips, statistics.median(ips), median_interval(ips)),
         steps=_step_times(recs),
         facts=RunFacts(gbs.most_common(1)[0][0] if gbs else None, median(_final_loss(r) for r in recs),
                        ", ".join(used) if used else None, [r.path or "?" for r in runs]),
         input=_input_wait(recs),
         validation=row_validation(recs),
+        resources=row_resources(recs, gpu),
     )
 
 
@@ -170,7 +173,7 @@ def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow
                     machine=_pair_machine(d, n, several), ratio_ci=ci,
                     layout=" / ".join(dict.fromkeys(r.identity.layout for r in (d, n) if r is not None)),
                     den_collective=d.facts.collective if d else None, num_collective=n.facts.collective if n else None,
-                    caveat=collectives_caveat(d, n) if d and n else None)
+                    caveat=collectives_caveat(d, n) if d and n else None, den_row=d, num_row=n)
 
 
 def _pair_note(ws: int, d: Row, n: Row) -> str | None:

@@ -65,6 +65,7 @@ class StepHooks:
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # this run's, in order (evaluate.Evaluator.run)
     excluded: float = 0.0  # seconds of evaluation so far: subtracted from every later clock mark
     t0: float = 0.0  # perf_counter at start_clock: evaluations' wall_time counts from here, evaluations included
+    energy: Any = None  # common.cluster.energy.EnergyMeter on a GPU with an energy counter: read at the timed marks
 
     def __post_init__(self) -> None:
         from common.training import observe
@@ -120,6 +121,8 @@ class StepHooks:
             self.trace.update(0)  # --profile-steps 1:B: the trace covers the first step too
         self.t0 = time.perf_counter()
         self.marks.append((0, self.now()))
+        if self.energy is not None:
+            self.energy.at_mark(0, self.warm, self.run_steps)
         self._last_check_time = self.marks[0][1]
         # until the first agreement measures the step time: every PREEMPT_CHECK_STEPS steps, at syncs
         self._check_every = self.ctx.opts.preempt_check_steps or max(self.ctx.job.sync_interval,
@@ -153,6 +156,8 @@ class StepHooks:
         if self.trace is not None:
             self.trace.update(self.dispatched)  # before the mark: starting or writing a trace is never timed
         self.marks.append((self.dispatched, self.now()))
+        if self.energy is not None:  # after the mark: a read at the warm-up's end is inside the window, once
+            self.energy.at_mark(self.dispatched, self.warm, self.run_steps)
         self.losses.extend(losses)
         if len(self.losses) != self.dispatched:
             raise RuntimeError(f"loss block out of step: {len(self.losses)} losses for {self.dispatched} steps")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.cluster import machine, netif
+from common.cluster import energy, machine, netif
 from common.core import results as res
 from common.core.contract import Backend, Capabilities, tuning_record
 from common.core.errors import PeerLost, Preempted, UsageError
@@ -132,6 +132,7 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
     hooks = StepHooks(ctx, resume.start_step, preemption, watchdog)
+    hooks.energy = energy.rank_meter()  # None without a GPU energy counter: the record's energy is then absent
     own_loop = backend.train_loop()
     if own_loop is None:  # the shared loops evaluate; a backend's own (parameter servers) does not
         hooks.evaluator = streamed.make_evaluator(ctx, built.model) if plan.pipeline else \
@@ -313,6 +314,7 @@ def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init
         "evaluations": hooks.evaluations if backend.is_chief else [],  # identical values on every rank
         "input": inputwait.rank_measure(hooks.input_clock),  # reads the device once: after the timed loop
         "machine": machine.rank_machine(opts.iface),  # after the last step: the peak RSS is the run's
+        "energy": meter.result() if (meter := getattr(hooks, "energy", None)) is not None else None,
     }
     # Every rank must take part in this collective, chief or not.
     everyone = backend.allgather(mine)
@@ -376,6 +378,8 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         tuning=tuning_record(list(caps.knobs), public_env()),
         capabilities=caps.record(),
         machine=machine.combine([r["machine"] for r in everyone]),
+        energy=energy.combine([r.get("energy") for r in everyone], [r["host"] for r in everyone],
+                              plan.global_batch * stats["step_time"]["timed_steps"]),
         trainable_weights_fingerprint=everyone[0]["fingerprint"],
         evaluations=gathered.evaluations,
         # wall time is measured within one process' life: none across a resume

@@ -1,0 +1,156 @@
+"""The verdict: per job and layout (nodes x ranks per node), in one line of plain words, which backend is faster and
+by how much, with the bootstrap 95% interval of the throughput ratio (common.report.stats.ratio_interval), the
+caveats that apply, and beside speed what else was measured: peak memory per rank, GPU energy per image, time to
+target.
+
+The rule: with 6 or more runs per cell, an interval containing 1 is "no significant difference", otherwise the
+faster backend and its lead with the interval; with fewer runs the line says it needs 6 runs per cell and gives the
+medians' lead as what it is, not a verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.report.best import best_ratios, best_rows
+from common.report.environment import binding_mix
+from common.report.resources import memory_text
+from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row
+from common.report.stats import MIN_CI_RUNS, NEEDS_RUNS
+
+INPUT_BOUND = ("moderately input-bound", "highly input-bound")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One layout's verdict line and the job it belongs to."""
+
+    job_hash: str
+    layout: str  # e.g. "2 nodes x 4 ranks"
+    text: str  # the whole line, layout first
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def layout_words(row: Row) -> str:
+    """"2 nodes x 4 ranks" (ranks per node), "2 nodes, uneven ranks per node (3+1)", "unknown layout"."""
+    nodes, per = row.layout_counts
+    if nodes is None:
+        return "unknown layout"
+    if per is None:
+        return f"{plural(nodes, 'node')}, uneven ranks per node {row.identity.layout.split('x', 1)[1]}"
+    return f"{plural(nodes, 'node')} x {plural(per, 'rank')}"
+
+
+def lead(x: float) -> str:
+    """A ratio above 1 as the percentage it leads by: 1.123 -> "12%", 1.034 -> "3.4%"."""
+    p = 100 * (x - 1)
+    return f"{p:.0f}%" if abs(p) >= 10 else f"{p:.1f}%"
+
+
+def _runs(d: Row, n: Row) -> str:
+    a, b = d.throughput.repeats, n.throughput.repeats
+    return f"{a} runs each" if a == b else f"{a} {RATIO_DEN} and {b} {RATIO_NUM} runs"
+
+
+def speed(q: RatioRow, d: Row, n: Row) -> str:
+    """Which backend is faster and by how much, with the interval, or why it cannot say."""
+    r = q.ratio
+    assert r is not None  # both rows exist
+    fast, slow, by = (RATIO_NUM, RATIO_DEN, r) if r >= 1 else (RATIO_DEN, RATIO_NUM, 1 / r)
+    if q.ratio_ci is None:
+        return (f"{NEEDS_RUNS} to say ({_runs(d, n)}; by the medians alone {fast} is {lead(by)} faster than "
+                f"{slow}, not a verdict)")
+    lo, hi = q.ratio_ci
+    if lo <= 1 <= hi:
+        return (f"no significant difference ({RATIO_NUM}/{RATIO_DEN} {r:.3f} [{lo:.3f}, {hi:.3f}]) "
+                f"({_runs(d, n)})")
+    low, high = (lo, hi) if r >= 1 else (1 / hi, 1 / lo)
+    return f"{fast} is {lead(by)} faster than {slow} [{lead(low)}, {lead(high)}] ({_runs(d, n)})"
+
+
+def _mj(joules: float | None) -> str:
+    if joules is None:
+        return "n/a"
+    return f"{joules:.3g} J" if joules >= 1 else f"{joules * 1e3:.3g} mJ"
+
+
+def _secs(seconds: float | None) -> str:
+    return "not reached" if seconds is None else f"{seconds:.1f} s"
+
+
+def beside(d: Row, n: Row) -> list[str]:
+    """Peak memory per rank, GPU energy per image and time to target, where the rows have them."""
+    out = []
+    md, mn = memory_text(d.resources), memory_text(n.resources)
+    if md or mn:
+        out.append(f"peak memory per rank {RATIO_DEN} {md or 'n/a'}, {RATIO_NUM} {mn or 'n/a'}")
+    ed, en = d.resources.energy_per_image_j, n.resources.energy_per_image_j
+    if ed is not None or en is not None:
+        out.append(f"GPU energy per image (GPU only) {RATIO_DEN} {_mj(ed)}, {RATIO_NUM} {_mj(en)}")
+    td, tn = d.validation.ttt, n.validation.ttt
+    if d.validation.targeted or n.validation.targeted:
+        out.append(f"time to target {RATIO_DEN} {_secs(td)}, {RATIO_NUM} {_secs(tn)}")
+    return out
+
+
+def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
+    """What makes this pair's comparison less than like for like."""
+    out = []
+    if q.caveat:
+        out.append(f"collectives not like for like ({q.caveat})")
+    for r in (d, n):
+        if r.input.verdict in INPUT_BOUND:
+            out.append(f"{r.identity.backend} {r.input.verdict}")
+    if d.identity.layout != n.identity.layout or d.identity.num_workers != n.identity.num_workers:
+        out.append(f"different layouts ({RATIO_DEN} {d.identity.layout} with {d.identity.num_workers} workers, "
+                   f"{RATIO_NUM} {n.identity.layout} with {n.identity.num_workers})")
+    if s.version_mix:
+        out.append(f"mixed software versions ({'; '.join(s.version_mix)})")
+    if binding_mix(s.records):
+        out.append("CPU binding differs between runs")
+    best = next((b for b in best_ratios(best_rows(s)) if b.world_size == q.world_size), None)
+    if best is not None and best.best_ratio is not None and (best.den_best, best.num_best) != ("default", "default"):
+        out.append(f"tuned variants ran: best vs best {RATIO_NUM}/{RATIO_DEN} {best.best_ratio:.3f} "
+                   f"({RATIO_DEN} {best.den_best}, {RATIO_NUM} {best.num_best})")
+    return out
+
+
+def job_verdicts(s: JobSummary) -> list[Verdict]:
+    """One verdict per layout (and machine) of the job's backend pairs, in the ratio table's order."""
+    out = []
+    for q in s.ratios:
+        d, n = q.den_row, q.num_row
+        if d is None and n is None:
+            continue
+        where = layout_words(d or n) + (f" on {q.machine}" if q.machine else "")
+        if d is None or n is None:
+            only = (d or n).identity.backend
+            out.append(Verdict(s.job_hash, where, f"{where}: only {only} ran, no comparison"))
+            continue
+        parts = [speed(q, d, n), *beside(d, n)]
+        cav = caveats(s, q, d, n)
+        text = f"{where}: " + "; ".join(parts) + (f". Caveats: {'; '.join(cav)}" if cav else "")
+        out.append(Verdict(s.job_hash, where, text))
+    return out
+
+
+def verdict_lines(summaries: Sequence[JobSummary]) -> list[str]:
+    """Every job's verdict lines, each job introduced by its name and hash (plain text)."""
+    out = []
+    for s in summaries:
+        vs = job_verdicts(s)
+        if vs:
+            out.append(f"{s.name} ({s.job_hash}), {RATIO_NUM} vs {RATIO_DEN}:")
+            out += [f"  {v.text}" for v in vs]
+    return out
+
+
+VERDICT_NOTE = (f"Faster = higher median images/s; the interval is the bootstrap 95% interval of the "
+                f"{RATIO_NUM}/{RATIO_DEN} ratio of medians (both cells resampled), shown as each side's lead; an "
+                "interval containing 1 is no significant difference; fewer than "
+                f"{MIN_CI_RUNS} runs in a cell give no interval, so no verdict. Peak memory per rank: the largest "
+                "rank's, GPU (TensorFlow allocator peak) when recorded, else host RSS; median over repeats.")

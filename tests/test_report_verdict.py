@@ -1,0 +1,90 @@
+"""common.report.verdict: the report's first lines, per job and layout, in plain words, from fake records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from common.cluster import machine
+from common.report import build_report, summarize
+from common.report.verdict import job_verdicts, verdict_lines
+from tests.test_report import make_run, put
+
+
+def cell(backend: str, ws: int, base: float, n: int = 6, **kw: Any) -> list[dict[str, Any]]:
+    """``n`` repeats around ``base`` images/s (spread +-1.25%), one node of ``ws`` ranks."""
+    return [make_run(backend, ws, base * (1 + (i - (n - 1) / 2) * 0.005), run_id=f"{backend}-{ws}-{base}-{i}",
+                     hosts=["n0"] * ws, **kw) for i in range(n)]
+
+
+def test_faster_backend_with_interval_and_runs() -> None:
+    (s,) = summarize(cell("native", 2, 112.0) + cell("horovod", 2, 100.0))
+    (v,) = job_verdicts(s)
+    assert v.layout == "1 node x 2 ranks"
+    assert v.text.startswith("1 node x 2 ranks: native is 12% faster than horovod [")
+    assert v.text.endswith("(6 runs each)")
+    lo, hi = (float(x.rstrip("%")) for x in v.text.split("[")[1].split("]")[0].split(", "))
+    assert 8 < lo < 12 < hi < 16  # the bootstrap interval of the lead around 12%
+
+
+def test_no_significant_difference_and_needs_six_runs() -> None:
+    runs = cell("native", 1, 100.0) + cell("horovod", 1, 100.2) + cell("native", 2, 180.0, n=3) \
+        + cell("horovod", 2, 200.0, n=2)
+    (s,) = summarize(runs)
+    one, two = job_verdicts(s)
+    assert one.text.startswith("1 node x 1 rank: no significant difference (horovod/native 1.002 [")
+    assert two.text.startswith("1 node x 2 ranks: needs 6 runs per cell to say (3 native and 2 horovod runs; by "
+                               "the medians alone horovod is 11% faster than native, not a verdict)")
+
+
+def test_caveats_and_what_else_was_measured() -> None:
+    def gpu_block(peak_gpu: int) -> dict[str, Any]:
+        per = [{"host": "n0", "cpu": {"model": "C"}, "cpu_mask": 8,
+                "gpu": {**machine.NO_GPU, "source": "nvml", "model": "NVIDIA A100-SXM4-40GB"},
+                "libraries": {}, "slurm": None, "network": {},
+                "memory": {"peak_rss_bytes": 2**30, "peak_gpu_bytes": peak_gpu + i}} for i in range(2)]
+        return machine.combine(per)
+
+    kw: dict[str, Any] = {"devices": ["/physical_device:GPU:0"] * 2}
+    native = cell("native", 2, 100.0, collective={"used": "ring"}, machine=gpu_block(3 * 2**30),
+                  input={"method": "fetch", "wait_fraction": 0.3, "kept_up": False, "input_bound": "highly"}, **kw)
+    horovod = cell("horovod", 2, 150.0, collective={"used": "nccl"}, machine=gpu_block(5 * 2**29),
+                   energy={"gpu_joules": 320.0, "scope": "GPU only"}, **kw)
+    (s,) = summarize(native + horovod)
+    (v,) = job_verdicts(s)
+    assert "horovod is 50% faster than native" in v.text
+    assert "peak memory per rank native 3.0 GiB GPU, horovod 2.5 GiB GPU" in v.text
+    # 320 J over 10 timed steps of 32 images: 1 J per image; native measured none (n/a, not zero)
+    assert "GPU energy per image (GPU only) native n/a, horovod 1 J" in v.text
+    assert "Caveats: collectives not like for like (native ring vs horovod nccl on GPUs); native highly input-bound" \
+        in v.text
+
+
+def test_host_memory_on_a_cpu_and_no_energy() -> None:
+    block = machine.combine([{"host": "n0", "cpu": {"model": "C"}, "gpu": dict(machine.NO_GPU),
+                              "memory": {"peak_rss_bytes": 800 * 2**20, "peak_gpu_bytes": None}}])
+    (s,) = summarize(cell("native", 1, 100.0, machine=block) + cell("horovod", 1, 90.0, machine=block))
+    (v,) = job_verdicts(s)
+    assert "peak memory per rank native 800 MiB host RSS, horovod 800 MiB host RSS" in v.text
+    assert "energy" not in v.text and s.rows[0].resources.energy_j is None
+
+
+def test_verdict_opens_report_md_and_html_and_ends_the_printed_output(tmp_path: Path, capsys: Any) -> None:
+    from common.report.cli import main
+
+    d = tmp_path / "r"
+    for rec in cell("native", 2, 112.0) + cell("horovod", 2, 100.0) + cell("horovod", 1, 60.0, n=1):
+        put(d, rec)
+    build_report(d, plots=False)
+    md = (d / "report" / "report.md").read_text()
+    assert md.index("## Verdict") < md.index("## Method")
+    assert "- 1 node x 2 ranks: native is 12% faster than horovod [" in md
+    assert "- 1 node x 1 rank: only horovod ran, no comparison" in md
+    html = (d / "report" / "report.html").read_text()
+    assert html.index("<h2>Verdict</h2>") < html.index("<h2>Method</h2>")
+    assert "<li>1 node x 2 ranks: native is 12% faster than horovod [" in html
+    assert main([str(d), "--no-plots"]) == 0
+    out = capsys.readouterr().out.rstrip().splitlines()
+    assert out[-1].startswith("  1 node x 2 ranks: native is 12% faster") and out[-3].startswith("small (")
+    lone = verdict_lines(summarize(cell("native", 1, 1.0, n=1)))
+    assert lone == ["small (90b23b6c798ed8f6), horovod vs native:", "  1 node x 1 rank: only native ran, no comparison"]
