@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.core.contract import Warmup
-from common.training import inputwait
+from common.training import inputwait, keras3
 from common.training import reliability as rel
 from common.training.context import RunContext
 from common.training.objective import lr_at_step, mean_over_ranks, recorded_loss, replica_objective
@@ -359,6 +359,8 @@ def _ctl_step_fn(ctx: RunContext, model: Any, optimizer: Any) -> Any:
     import tensorflow as tf
 
     job, backend = ctx.job, ctx.backend
+    if job.keras == 3:
+        return keras3.step_fn(ctx, model, optimizer)
     mixed = job.mixed_precision
     replicas = ctx.plan.replicas
     forward = replica_objective(job, model, ctx.plan.global_batch, replicas)
@@ -398,13 +400,13 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
         with tf.control_dependencies([written]):
             return counter.assign_add(1)
 
-    lr_var = optimizer.lr
+    set_lr = keras3.learning_rate_setter(job, optimizer)
     spe = plan.steps_per_epoch
     hooks.start_clock()
     while hooks.global_step < plan.total_steps:
         new_lr = lr_at_step(hooks.global_step, plan.learning_rate, spe, plan.replicas, job.warmup_epochs)
         if new_lr is not None:
-            tf.keras.backend.set_value(lr_var, new_lr)
+            set_lr(new_lr)
         train_step()  # not waited for: the host reads the device only at a sync
         if hooks.dispatched == 0:
             backend.after_first_step(model, optimizer)

@@ -25,7 +25,7 @@ from common.core import results as res
 from common.core.contract import Backend, Capabilities, tuning_record
 from common.core.errors import PeerLost, Preempted, UsageError
 from common.core.privacy import public_env
-from common.training import evaluate, inputwait, loops, objective, observe
+from common.training import evaluate, inputwait, keras3, loops, objective, observe
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
 from common.training.loops import StepHooks
@@ -36,8 +36,11 @@ from common.workload.job import DEFAULT_LOSS, Job, job_from_dict
 
 
 def build_optimizer(job: Job, lr: float) -> Any:
-    """tf_keras *legacy* optimizers in both backends (Horovod's LR callbacks need them)."""
+    """tf_keras *legacy* optimizers in both backends (Horovod's LR callbacks need them); Keras 3's for keras = 3."""
     import tensorflow as tf
+
+    if job.keras == 3:
+        return keras3.build_optimizer(job, lr)
 
     legacy = tf.keras.optimizers.legacy
     if job.optimizer == "sgd":
@@ -222,6 +225,8 @@ def build(ctx: RunContext) -> Built:
 
     _, input_shape, num_classes = data_mod.dataset_info(job)
     tf.keras.utils.set_random_seed(job.seed)  # weights, dropout: identical on every rank and backend
+    if job.keras == 3:
+        keras3.seed(job)
     if job.mixed_precision:
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
     with backend.scope():
@@ -236,7 +241,10 @@ def build(ctx: RunContext) -> Built:
             if job.mixed_precision:
                 optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
         # Slots and the iteration counter now, so a checkpoint can be restored (and broadcast) before step 1.
-        getattr(optimizer, "inner_optimizer", optimizer)._create_all_weights(model.trainable_variables)
+        if job.keras == 3:
+            keras3.create_slots(optimizer, model)
+        else:
+            getattr(optimizer, "inner_optimizer", optimizer)._create_all_weights(model.trainable_variables)
     return Built(model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer))
 
 
@@ -336,7 +344,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         per_rank_sync_marks=[r["clock_marks"] for r in everyone],
         time_to_first_step=max(r["time_to_first_step"] for r in everyone),
         resumed_from_step=resume.start_step,  # > 0: times and throughput cover only the steps after the resume
-        versions=res.versions(),
+        versions={**res.versions(), **keras3.versions(job)},  # Keras 3's version when it trained the model
         hosts=[r["host"] for r in everyone],
         devices=[r["device"] for r in everyone],
         command=list(opts.command),

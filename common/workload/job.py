@@ -29,6 +29,8 @@ class JobError(ValueError):
 
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
+# 2: tf_keras (Keras 2, what tf.keras is under TF_USE_LEGACY_KERAS=1); 3: Keras 3 (``import keras``), custom loop only.
+KERAS_FAMILIES = (2, 3)
 MODES = ("fit", "ctl")
 LR_SCALINGS = ("none", "linear")
 # Keys only some models / datasets read: hashed only when the job's model or dataset lists them in its job_fields.
@@ -37,7 +39,7 @@ OPTIONAL_KEYS = ("mlp_hidden", "image_shape", "num_classes", "synthetic_samples"
 TFRECORD_SHARDINGS = ("exact", "files")
 # Keys added after jobs were first hashed: hashed only when not at their default, so older hashes stay valid.
 LATER_KEYS = ("sync_every_steps", "steps_per_execution", "model_args", "dataset_args", "loss", "metrics",
-              "eval_every_epochs", "target_metric", "target_value", "code_digest")
+              "eval_every_epochs", "target_metric", "target_value", "code_digest", "keras")
 # Never hashed: where the user's code lies on this machine (code_digest covers the code itself).
 UNHASHED_KEYS = ("name", "pythonpath")
 DEFAULT_LOSS = "sparse_categorical_crossentropy"
@@ -78,6 +80,7 @@ class Job:
     # the default takes logits (what builtin models output) | a tf.keras.losses name | "pkg.mod:function" (per example)
     loss: str = DEFAULT_LOSS
     # --- execution ---
+    keras: int = 2  # 2 = tf_keras (Keras 2) | 3 = Keras 3 (import keras): mode = "ctl" only, builtins mlp/cnn/resnets
     mode: str = "fit"  # fit = Keras model.fit | ctl = custom tf.function training loop
     seed: int = 1234  # global seed: weights, synthetic data and shuffling
     mixed_precision: bool = False  # mixed_float16 policy with dynamic loss scaling
@@ -218,6 +221,7 @@ def _validate(job: Job) -> None:
          f"unknown tfrecord_sharding {job.tfrecord_sharding!r}: use exact or files")
     need(job.tfrecord_label_offset >= 0, f"tfrecord_label_offset must be >= 0, got {job.tfrecord_label_offset}")
     _validate_execution(job, need)
+    _validate_keras(job, need)
     _validate_evaluation(job, need)
     if not user_data and DATASETS[job.dataset].needs_data_dir:
         need(bool(job.data_dir), f"dataset {job.dataset!r} needs data_dir (nothing is downloaded); "
@@ -259,6 +263,24 @@ def _validate_evaluation(job: Job, need: Any) -> None:
     need(job.target_metric in ("", "loss", *job.metrics),
          f"target_metric = {job.target_metric!r}: use \"loss\" or one of metrics ({', '.join(job.metrics) or 'none'})")
     need(math.isfinite(job.target_value), f"target_value must be a finite number, got {job.target_value}")
+
+
+def _validate_keras(job: Job, need: Any) -> None:
+    """keras = 3 runs what twinbench supports for Keras 3 (common/training/keras3.py); the rest is one line here."""
+    need(job.keras in KERAS_FAMILIES, f"keras must be 2 (tf_keras) or 3 (Keras 3), got {job.keras}")
+    if job.keras == 2:
+        return
+    # Keras 3's fit under MultiWorkerMirroredStrategy fails (TF 2.21, Keras 3.15.1, 2 workers: "ValueError: Attempt
+    # to convert a value (PerReplica:...)"), and Horovod's Keras module does not take Keras 3 variables (Horovod
+    # issue 4290): fit stays tf_keras'.
+    need(job.mode == "ctl", "keras = 3 runs the custom loop only: set mode = \"ctl\" (Keras 3's fit fails under "
+         "MultiWorkerMirroredStrategy, and Horovod's Keras module does not take Keras 3 variables)")
+    for key in ("mixed_precision", "xla"):
+        need(not getattr(job, key), f"{key} is not supported with keras = 3 (twinbench's Keras 3 loop is float32, "
+             "without XLA): set it to false or use keras = 2")
+    need(job.model in MODELS or usercode.is_ref(job.model),
+         f"model {job.model!r}: with keras = 3 use a builtin ({', '.join(MODELS)}) or your own "
+         "\"package.module:function\" (tf.keras.applications names are built with keras = 2 only)")
 
 
 def _validate_execution(job: Job, need: Any) -> None:
