@@ -111,6 +111,16 @@ def tf_variables(variables: list[Any]) -> list[Any]:
     return [v.value if _is_keras3(v) else v for v in variables]
 
 
+def per_worker_state(model: Any) -> list[Any]:
+    """A Keras 3 model's non-trainable float variables (BatchNorm moving statistics) as TensorFlow variables; []
+    for a tf_keras model. Keras 3 creates them without aggregation (``add_weight``'s default "none",
+    keras/src/layers/layer.py), so under MWMS each worker updates its own copy from its own batches, where tf_keras'
+    are ON_READ with MEAN aggregation (MWMS reads their mean over replicas): their mean is what the backends save."""
+    import tensorflow as tf
+
+    return [v.value for v in model.non_trainable_variables if _is_keras3(v) and tf.as_dtype(v.dtype).is_floating]
+
+
 def optimizer_variables(optimizer: Any) -> list[Any]:
     """An optimizer's variables as TensorFlow variables (tf_keras: a method; Keras 3: a property)."""
     found = optimizer.variables
