@@ -202,7 +202,8 @@ def unset_proxies() -> None:
 
 
 def legacy_keras() -> None:
-    """Both backends use tf_keras: Keras 3 breaks MWMS fit and silently disables Horovod's averaging."""
+    """``tf.keras`` is tf_keras in both backends (Keras 3's fit fails under MWMS, and Horovod's Keras module does not
+    average Keras 3 gradients); a ``keras = 3`` job imports Keras 3 itself (common/training/keras3.py)."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TF's INFO banner; warnings and errors stay
 

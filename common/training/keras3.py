@@ -36,21 +36,6 @@ def seed(job: Job) -> None:
     keras.utils.set_random_seed(job.seed)
 
 
-def build_optimizer(job: Job, lr: float) -> Any:
-    """The job's optimizer as a Keras 3 optimizer, checked for settings that break parity."""
-    import keras
-
-    opts = keras.optimizers
-    if job.optimizer == "sgd":
-        optimizer = opts.SGD(learning_rate=lr)
-    elif job.optimizer == "momentum":
-        optimizer = opts.SGD(learning_rate=lr, momentum=job.momentum)
-    else:
-        optimizer = opts.Adam(learning_rate=lr)
-    check_optimizer(job, optimizer)
-    return optimizer
-
-
 def check_optimizer(job: Job, optimizer: Any) -> None:
     """UsageError (one line, naming ``optimizer``) unless ``optimizer`` is a Keras 3 optimizer without per-replica
     gradient settings."""

@@ -29,25 +29,11 @@ from common.training import evaluate, inputwait, keras3, loops, objective, obser
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
 from common.training.loops import StepHooks
+from common.training.optimizers import build_optimizer  # bench/ imports it from here too
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
 from common.workload import usercode
 from common.workload.job import DEFAULT_LOSS, Job, job_from_dict
-
-
-def build_optimizer(job: Job, lr: float) -> Any:
-    """tf_keras *legacy* optimizers in both backends (Horovod's LR callbacks need them); Keras 3's for keras = 3."""
-    import tensorflow as tf
-
-    if job.keras == 3:
-        return keras3.build_optimizer(job, lr)
-
-    legacy = tf.keras.optimizers.legacy
-    if job.optimizer == "sgd":
-        return legacy.SGD(learning_rate=lr)
-    if job.optimizer == "momentum":
-        return legacy.SGD(learning_rate=lr, momentum=job.momentum)
-    return legacy.Adam(learning_rate=lr)
 
 
 def weights_fingerprint(model: Any) -> list[list[float]]:
@@ -200,8 +186,10 @@ def announce(ctx: RunContext) -> None:
     print(f"[twinbench] job {job.name!r} hash {job.job_hash} | backend {backend.name} | mode {job.mode} | "
           f"{info.num_workers} worker(s) x {info.replicas_per_worker} replica(s) = {replicas} replicas", flush=True)
     warm = f", warm-up {job.warmup_epochs} epoch(s) from {lr / replicas:g}" if job.warmup_epochs else ""
+    warm += f", then {job.lr_schedule}" if job.lr_schedule != "constant" else ""
     print(f"[twinbench] global batch {plan.global_batch} = {plan.per_replica_batch} per replica x {replicas}; "
-          f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}); "
+          f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}; optimizer {job.optimizer}, "
+          f"keras {job.keras}); "
           f"{plan.total_steps} steps, {plan.steps_per_epoch} steps/epoch, dataset {job.dataset} ({n_samples} "
           f"samples); host syncs every {job.sync_interval} steps", flush=True)
 

@@ -33,7 +33,7 @@ from common.core.errors import UsageError, one_line
 
 # "package.module:function": dotted module path, a colon, a function name
 _REF = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
-KEYS = ("model", "dataset", "loss")  # the job keys that may name user code
+KEYS = ("model", "dataset", "loss", "optimizer", "lr_schedule")  # the job keys that may name user code
 KERAS3_HINT = ("build it with tf.keras (twinbench sets TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras, Keras 2) or "
                "`import tf_keras as keras`, not `import keras` (Keras 3)")
 
