@@ -230,6 +230,10 @@ def legacy_sgd(learning_rate):
     import tensorflow as tf
     return tf.keras.optimizers.legacy.SGD(learning_rate=learning_rate)
 
+def scheduled_sgd(learning_rate):
+    import keras
+    return keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(learning_rate, 10))
+
 def not_a_schedule(learning_rate, decay_steps):
     return learning_rate
 
@@ -245,6 +249,8 @@ def keras3_cosine(learning_rate, decay_steps):
      "but the job has keras = 3"),
     ('keras = 3\nmode = "ctl"\noptimizer = "upkg.code:keras3_sgd"\noptimizer_args = { clipnorm = 1.0 }',
      "sets clipnorm: Keras 3 applies it to each replica's gradients before their all-reduce"),
+    ('keras = 3\nmode = "ctl"\noptimizer = "upkg.code:scheduled_sgd"\nlr_schedule = "cosine"',
+     "has a learning-rate schedule of its own: give it as lr_schedule instead"),
     ('optimizer = "adam"\noptimizer_args = { nosuch = 1 }', "optimizer_args = {'nosuch': 1} for optimizer = 'adam'"),
     ('lr_schedule = "upkg.code:not_a_schedule"', "returned a builtins.float, not a LearningRateSchedule"),
     ('lr_schedule = "upkg.code:keras3_cosine"', "of tf.keras.optimizers.schedules (tf_keras), the family of keras = 2"),

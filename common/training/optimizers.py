@@ -9,6 +9,7 @@ arguments its constructor refuses, is one line naming the key (exit 2, in every 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from common.core.errors import one_line
@@ -41,7 +42,24 @@ def build_optimizer(job: Job, lr: float) -> Any:
         raise usercode.UserCodeError(f"optimizer = {job.optimizer!r} returned a {kind}{other}, not a "
                                      "tf.keras.optimizers.legacy optimizer, which keras = 2 runs need (Horovod's fit "
                                      "wraps it and sets its lr)")
+    if (job.warmup_epochs or job.lr_schedule != "constant") and _has_own_schedule(optimizer):
+        # the loops set the LR from the host (objective.lr_schedule): an optimizer's own schedule has no value to set
+        raise usercode.UserCodeError(f"optimizer = {job.optimizer!r} has a learning-rate schedule of its own: give it "
+                                     "as lr_schedule instead, or set lr_schedule = \"constant\" and warmup_epochs = 0")
     return optimizer
+
+
+def _has_own_schedule(optimizer: Any) -> bool:
+    """Was the optimizer given a LearningRateSchedule rather than a number (either Keras family)?"""
+    import tensorflow as tf
+
+    lr = getattr(optimizer, "_learning_rate", None)  # Keras 3
+    if lr is None and hasattr(optimizer, "_get_hyper"):  # tf_keras legacy
+        lr = optimizer._get_hyper("learning_rate")
+    kinds = [tf.keras.optimizers.schedules.LearningRateSchedule]
+    if "keras" in sys.modules:
+        kinds.append(sys.modules["keras"].optimizers.schedules.LearningRateSchedule)
+    return isinstance(lr, tuple(kinds))
 
 
 def _construct(job: Job, ctor: Any, lr: float) -> Any:
