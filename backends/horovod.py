@@ -32,6 +32,7 @@ from common.core.contract import (  # noqa: E402
     Warmup,
 )
 from common.core.errors import UsageError  # noqa: E402
+from common.training import keras3  # noqa: E402
 
 PROG = "backends.horovod"
 
@@ -255,6 +256,14 @@ class HorovodBackend(Backend):
     def run_step(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         return [step_fn(*batch)]
 
+    def reduce_gradients(self, grads: list[Any]) -> list[Any]:
+        # A Keras 3 step (common/training/keras3.py): its optimizer sees no tf.distribute replica and reduces
+        # nothing, so SUM here as wrap_tape does for tf_keras (the loss is already divided by the global batch).
+        # One grouped allreduce: Horovod's Keras module does not take Keras 3 variables (Horovod issue 4290).
+        if self.num_workers == 1:
+            return list(grads)
+        return self.htf.grouped_allreduce(list(grads), op=self.htf.Sum, compression=self.compression)
+
     def phases(self) -> StepPhases | str:
         return StepPhases(self._allreduce_gradients)
 
@@ -268,18 +277,18 @@ class HorovodBackend(Backend):
 
     def before_training(self, model: Any) -> None:
         # Same seed gives the same weights on every rank, but the chief's are the reference: make sure.
-        self.htf.broadcast_variables(model.variables, root_rank=0)
+        self.htf.broadcast_variables(keras3.tf_variables(model.variables), root_rank=0)
 
     def after_first_step(self, model: Any, optimizer: Any) -> None:
         # Optimizer slots exist only after the first apply_gradients.
-        self.htf.broadcast_variables(optimizer.variables(), root_rank=0)
+        self.htf.broadcast_variables(keras3.optimizer_variables(optimizer), root_rank=0)
 
     def sync_model_state(self, model: Any) -> None:
         # Each rank updated its BatchNorm moving statistics from its own batches (as every MWMS replica does).
         # MWMS stores them ON_READ with MEAN aggregation, so what it saves and evaluates is the mean over replicas;
         # the update is linear (m <- m*momentum + (1-momentum)*batch_stat), so averaging the per-rank values once
         # here gives exactly that, and a run resumed from averaged values ends on the same mean (to rounding).
-        state = [v for v in model.non_trainable_variables if v.dtype.is_floating]
+        state = [v for v in keras3.tf_variables(model.non_trainable_variables) if v.dtype.is_floating]
         if self.num_workers == 1 or not state:
             return
         averaged = self.htf.grouped_allreduce([v.value() for v in state], op=self.htf.Average)
@@ -290,8 +299,8 @@ class HorovodBackend(Backend):
         if self.rank == 0:
             ckpt.read(path).assert_existing_objects_matched()
         # Everyone else takes rank 0's weights and optimizer state (slots exist: common.training.train created them).
-        self.htf.broadcast_variables(model.variables, root_rank=0)
-        self.htf.broadcast_variables(optimizer.variables(), root_rank=0)
+        self.htf.broadcast_variables(keras3.tf_variables(model.variables), root_rank=0)
+        self.htf.broadcast_variables(keras3.optimizer_variables(optimizer), root_rank=0)
 
     def start_timeline(self, path: str) -> bool:
         """Horovod's timeline from now into ``path``; only rank 0 (the coordinator) writes it: its negotiation

@@ -46,6 +46,7 @@ from common.core.contract import (  # noqa: E402
     size_text,
 )
 from common.core.errors import UsageError  # noqa: E402
+from common.training import keras3  # noqa: E402
 
 PROG = "backends.native"
 EXIT_BARRIER_MS = 30_000  # ms to wait for peers at exit: they are all past their last collective within a second
@@ -259,6 +260,22 @@ class NativeBackend(Backend):
         # all-reduce of the gradient list in the replica context, with the strategy's CommunicationOptions.
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
 
+    def sync_model_state(self, model: Any) -> None:
+        # Keras 3's BatchNorm statistics: one copy per worker (keras3.per_worker_state); their mean over workers is
+        # what tf_keras' ON_READ variables give and what Horovod's sync_model_state computes.
+        state = keras3.per_worker_state(model)
+        if self._alone or not state:
+            return
+        import tensorflow as tf
+
+        def mean() -> Any:
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_reduce(tf.distribute.ReduceOp.MEAN, [tf.identity(v) for v in state])
+
+        averaged = self.strategy.experimental_local_results(tf.function(lambda: self.strategy.run(mean))())[0]
+        for v, a in zip(state, averaged):
+            v.assign(a)
+
     @property
     def _alone(self) -> bool:
         """No peer to agree with: one worker, or the chief of parameter-server training (the only one training)."""
@@ -364,6 +381,10 @@ def _preflight(args: argparse.Namespace) -> None:
 def make_backend(args: argparse.Namespace, argv: list[str], job: Any) -> NativeBackend | int:
     """This process's backend, or the exit status of the local launcher (--nproc, --ps) that ran the ranks."""
     _preflight(args)
+    if job.keras == 3 and args.strategy in ("mirrored", "central_storage"):
+        # Keras 3's per-worker BatchNorm statistics are averaged over workers, not over local replicas
+        raise UsageError(f"keras = 3 runs with --strategy mwms or one_device (one replica per process), not "
+                         f"{args.strategy}")
     if args.strategy == "parameter_server":
         native_cluster.check_ps_job(job)
         if native_cluster.launches_ps_locally(args):

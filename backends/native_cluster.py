@@ -272,6 +272,12 @@ def check_ps_job(job: Job) -> None:
     if job.steps_per_execution != 1:
         raise UsageError("--strategy parameter_server schedules one worker step per function call: use "
                          "steps_per_execution=1")
+    if job.lr_schedule != "constant":
+        raise UsageError(f"lr_schedule = {job.lr_schedule!r} sets one learning rate per global step, but "
+                         "parameter-server workers update at their own pace: use lr_schedule = \"constant\"")
+    if job.keras == 3:
+        raise UsageError("keras = 3 is not supported with --strategy parameter_server (its loops are tf_keras'): "
+                         "use keras = 2 or another strategy")
     unsupported = [k for k, on in (("mixed_precision", job.mixed_precision), ("xla", job.xla)) if on]
     if unsupported:
         raise UsageError(f"{' and '.join(unsupported)} {'are' if len(unsupported) > 1 else 'is'} not supported "

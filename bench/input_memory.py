@@ -10,7 +10,7 @@ here: nothing is downloaded), then reads one pass of them twice, in turn:
   after its first step to the last (peak RSS from ``getrusage``).
 
 Prints one line per size: peak RSS of both (MiB) and throughput of both with their ratio. Flat memory means the
-peak RSS does not grow with the size (an in-memory dataset would grow by the data itself); the issue's target is
+peak RSS does not grow with the size (an in-memory dataset would grow by the data itself); the target is
 throughput within 5% of the plain loop. A benchmark, not a test: figures depend on the machine and its load.
 """
 

@@ -257,7 +257,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a job key in every run (repeatable)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"steps per run (default {DEFAULT_STEPS})")
-    p.add_argument("--modes", default=",".join(MODES), help="fit,ctl (default both)")
+    p.add_argument("--modes", default=None, help="fit,ctl (default both; ctl alone for a keras = 3 job)")
     p.add_argument("--backends", default=",".join(registry.names()),
                    help=f"which backends (default all: {','.join(registry.names())})")
     p.add_argument("--results", default=None, metavar="DIR",
@@ -274,11 +274,14 @@ def make_plan(args: argparse.Namespace) -> Plan:
         fail(PROG, f"--steps must be >= 1, got {args.steps}")
     if not args.timeout > 0:
         fail(PROG, f"--timeout must be > 0 seconds, got {args.timeout}")
-    modes = _csv(args.modes, MODES, "modes")
     kinds = _csv(args.backends, registry.names(), "backends")
     sets = (*args.sets, f"steps={args.steps}")
     try:
         job = load_job(args.job, sets)
+        # Keras 3 runs the custom loop only (common.workload.job): its check compares what can run
+        modes = _csv(args.modes or ("ctl" if job.keras == 3 else ",".join(MODES)), MODES, "modes")
+        if job.keras == 3 and "fit" in modes:
+            raise JobError(f"--modes {args.modes}: a keras = 3 job runs the custom loop only: use --modes ctl")
         if not data_mod.streams(job):  # an input function is called only in the ranks
             n, _, _ = data_mod.dataset_info(job)
             job.resolve_steps(n, 2)  # the 2-worker runs' global batch must fit in the data

@@ -113,6 +113,8 @@ def _check_diagnose(prog: str, args: argparse.Namespace, job: Job) -> None:
     if job.mode != "ctl":
         fail(prog, f"--diagnose {args.diagnose} splits the custom loop's step into phases: use --set mode=ctl "
                    f"(the job has mode {job.mode})")
+    if job.keras == 3:  # its phases apply already-reduced gradients, which Keras 3's optimizer would reduce again
+        fail(prog, f"--diagnose {args.diagnose} splits the tf_keras step only: not with keras = 3 (set keras = 2)")
     if args.bench:
         fail(prog, f"--diagnose {args.diagnose} and --bench {args.bench} are two different runs: pick one")
     if args.resume_from:
@@ -201,7 +203,8 @@ def unset_proxies() -> None:
 
 
 def legacy_keras() -> None:
-    """Both backends use tf_keras: Keras 3 breaks MWMS fit and silently disables Horovod's averaging."""
+    """``tf.keras`` is tf_keras in both backends (Keras 3's fit fails under MWMS, and Horovod's Keras module does not
+    average Keras 3 gradients); a ``keras = 3`` job imports Keras 3 itself (common/training/keras3.py)."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TF's INFO banner; warnings and errors stay
 

@@ -43,8 +43,9 @@ def test_the_contract_fits_on_a_screen():
     assert abstract == ["_connect", "allgather", "allreduce_fn", "allsum", "capabilities", "make_dataset", "run_step"]
     public = {n for n in dir(Backend) if not n.startswith("_")}
     shortcuts = {"info", "rank", "num_workers", "num_replicas", "is_chief", "name", "setup"}
-    groups = [{"capabilities"}, {"describe"}, {"scope"}, {"make_dataset"}, {"run_step", "wrap_tape"},
-              {"wrap_optimizer"}, {"fit_callbacks"}, {"train_loop"}, {"allsum", "allgather", "allreduce_fn", "barrier"},
+    groups = [{"capabilities"}, {"describe"}, {"scope"}, {"make_dataset"},
+              {"run_step", "wrap_tape", "reduce_gradients"}, {"wrap_optimizer"}, {"fit_callbacks"}, {"train_loop"},
+              {"allsum", "allgather", "allreduce_fn", "barrier"},
               {"phases"}, {"start_timeline", "stop_timeline"},
               {"before_training", "after_first_step", "sync_model_state", "restore", "exit_barrier", "shutdown"}]
     assert public - shortcuts == set().union(*groups) and len(groups) + 1 == 13  # + setup

@@ -4,11 +4,12 @@
 TensorFlow op, returning the rank's frozen ``RankInfo``), ``capabilities`` (the typed record of what shared code
 asks: collective, compression, controller, input path, variant, knobs...), ``describe`` (free-form provenance,
 only displayed), ``scope``, ``make_dataset``, ``wrap_optimizer``, ``fit_callbacks``, the step (``run_step`` +
-``wrap_tape``), the collectives (``allsum``, ``allgather``, ``allreduce_fn``, ``barrier``), the ``Lifecycle`` hooks
-(``before_training``, ``after_first_step``, ``sync_model_state``, ``restore``, ``exit_barrier``, ``shutdown``),
-``train_loop`` (a loop of the backend's own, or None), ``phases`` (the step split for ``--diagnose breakdown``, or
-why not) and the timeline (``start_timeline``/``stop_timeline``). Seven are abstract; the others default to what
-a one-process backend without a collective library of its own would do. ``BackendSpec`` is the module-level half
+``wrap_tape`` + ``reduce_gradients``), the collectives (``allsum``, ``allgather``, ``allreduce_fn``,
+``barrier``), the ``Lifecycle`` hooks (``before_training``, ``after_first_step``, ``sync_model_state``,
+``restore``, ``exit_barrier``, ``shutdown``), ``train_loop`` (a loop of the backend's own, or None), ``phases``
+(the step split for ``--diagnose breakdown``, or why not) and the timeline (``start_timeline``/``stop_timeline``).
+Seven are abstract; the others default to what a one-process backend without a collective library of its own would
+do. ``BackendSpec`` is the module-level half
 (``PROG``, ``Options``, ``parser``, ``make_backend``, ``local_command``, ``doctor``, ``main``).
 
 Shared code reads ``Capabilities`` fields, never keys of ``describe()``, and never asks which backend it runs:
@@ -287,6 +288,12 @@ class Backend(Lifecycle, abc.ABC):
     def wrap_tape(self, tape: Any) -> Any:
         """The gradient tape of the custom loop's step, reducing as the backend does."""
         return tape
+
+    def reduce_gradients(self, grads: list[Any]) -> list[Any]:
+        """A Keras 3 custom-loop step's gradients (a plain tape) as its optimizer must get them: SUM over all
+        replicas unless the optimizer reduces them itself, as Keras 3's does across tf.distribute replicas
+        (common/training/keras3.py). Default: as they are."""
+        return grads
 
     def fit_callbacks(self, warmup: Warmup | None) -> tuple[list[Any], bool]:
         """Keras fit callbacks (state broadcast, metric averaging), and whether they include the backend's own LR

@@ -36,7 +36,7 @@ from common.core.contract import Backend
 from common.core.errors import UsageError
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord
 from common.training.context import Plan, RunContext
-from common.training.objective import lr_at_step, mean_over_ranks, recorded_loss, replica_objective
+from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss, replica_objective
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
 
@@ -179,8 +179,9 @@ def _loop(ctx: RunContext, built: Built, dataset: Any, warm: int,
     stamps: list[list[float]] = []
     losses: list[float] = []
     marks = [(0, time.perf_counter())]
+    schedule = lr_schedule(job, plan.learning_rate, plan.steps_per_epoch, plan.total_steps, plan.replicas)
     for done in range(1, plan.total_steps + 1):
-        new_lr = lr_at_step(done - 1, plan.learning_rate, plan.steps_per_epoch, plan.replicas, job.warmup_epochs)
+        new_lr = schedule(done - 1)
         if new_lr is not None:
             tf.keras.backend.set_value(optimizer.lr, new_lr)
         step()  # not waited for: the host reads the device only at a sync, as a benchmark does

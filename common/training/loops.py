@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.core.contract import Warmup
-from common.training import inputwait
+from common.training import inputwait, keras3
 from common.training import reliability as rel
 from common.training.context import RunContext
-from common.training.objective import lr_at_step, mean_over_ranks, recorded_loss, replica_objective
+from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss, replica_objective
 from common.training.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS
 
 
@@ -267,16 +267,16 @@ def _fit_callback_classes() -> Any:
                 self.model.stop_training = True  # `steps` may end mid-epoch; preemption ends it anywhere
 
     class WarmupLR(tf.keras.callbacks.Callback):
-        """Horovod's LearningRateWarmupCallback rule, by global step (momentum correction off)."""
+        """Horovod's LearningRateWarmupCallback rule, then the job's lr_schedule, by global step (momentum
+        correction off): ``schedule`` is ``objective.lr_schedule``'s."""
 
-        def __init__(self, hooks: StepHooks, lr: float, steps_per_epoch: int, replicas: int, warmup: int) -> None:
+        def __init__(self, hooks: StepHooks, schedule: Any) -> None:
             super().__init__()
-            self.hooks, self.args = hooks, (lr, steps_per_epoch, replicas, warmup)
+            self.hooks, self.schedule = hooks, schedule
             self._supports_tf_logs = True
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            lr, spe, replicas, warm = self.args
-            new = lr_at_step(self.hooks.global_step, lr, spe, replicas, warm)
+            new = self.schedule(self.hooks.global_step)
             if new is not None:
                 tf.keras.backend.set_value(self.model.optimizer.lr, new)
 
@@ -342,12 +342,15 @@ def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
     """Keras ``fit`` for the run's steps (``optimizer`` is the compiled model's: fit reads it from the model)."""
     job, backend, plan = ctx.job, ctx.backend, ctx.plan
     StepRecorder, WarmupLR = _fit_callback_classes()
-    # The backend's own warm-up callback counts Keras epochs from 0: only offered for a run that starts at step 0.
+    # The backend's own warm-up callback counts Keras epochs from 0: only offered for a run that starts at step 0,
+    # and only with a constant schedule after it (twinbench's callback then sets the warm-up and the schedule).
+    scheduled = job.lr_schedule != "constant"
     offer = Warmup(job.warmup_epochs, plan.steps_per_epoch, plan.learning_rate) \
-        if job.warmup_epochs and hooks.start_step == 0 else None
+        if job.warmup_epochs and hooks.start_step == 0 and not scheduled else None
     callbacks, warmup_handled = backend.fit_callbacks(offer)
-    if job.warmup_epochs and not warmup_handled:
-        callbacks.append(WarmupLR(hooks, plan.learning_rate, plan.steps_per_epoch, plan.replicas, job.warmup_epochs))
+    if (job.warmup_epochs or scheduled) and not warmup_handled:
+        callbacks.append(WarmupLR(hooks, lr_schedule(job, plan.learning_rate, plan.steps_per_epoch, plan.total_steps,
+                                                     plan.replicas)))
     ring = LossRing(job.sync_interval, 1)
     model.loss_ring = types.SimpleNamespace(ring=ring)
     hooks.input_clock = clock = inputwait.InputClock("gap", hooks.warm)
@@ -364,6 +367,8 @@ def _ctl_step_fn(ctx: RunContext, model: Any, optimizer: Any) -> Any:
     import tensorflow as tf
 
     job, backend = ctx.job, ctx.backend
+    if job.keras == 3:
+        return keras3.step_fn(ctx, model, optimizer)
     mixed = job.mixed_precision
     replicas = ctx.plan.replicas
     forward = replica_objective(job, model, ctx.plan.global_batch, replicas)
@@ -403,13 +408,13 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
         with tf.control_dependencies([written]):
             return counter.assign_add(1)
 
-    lr_var = optimizer.lr
-    spe = plan.steps_per_epoch
+    set_lr = keras3.learning_rate_setter(job, optimizer)
+    schedule = lr_schedule(job, plan.learning_rate, plan.steps_per_epoch, plan.total_steps, plan.replicas)
     hooks.start_clock()
     while hooks.global_step < plan.total_steps:
-        new_lr = lr_at_step(hooks.global_step, plan.learning_rate, spe, plan.replicas, job.warmup_epochs)
+        new_lr = schedule(hooks.global_step)
         if new_lr is not None:
-            tf.keras.backend.set_value(lr_var, new_lr)
+            set_lr(new_lr)
         train_step()  # not waited for: the host reads the device only at a sync
         if hooks.dispatched == 0:
             backend.after_first_step(model, optimizer)

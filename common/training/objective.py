@@ -8,7 +8,9 @@ The rules are the tf.distribute tutorial's, so that MWMS and Horovod compute the
 - in Keras ``fit`` the loss is the compiled ``fit_loss``: under a strategy Keras applies the same rule itself;
   under Horovod each rank's Keras loss is its local mean and ``DistributedOptimizer`` averages, the same quantity;
 - the LR warm-up is Horovod's ``LearningRateWarmupCallback`` rule (``warmup_multiplier``), re-implemented for the
-  native backend and the custom loop, momentum correction off on both sides.
+  native backend and the custom loop, momentum correction off on both sides; after it the job's ``lr_schedule``
+  (``lr_schedule``: constant, cosine, or the user's LearningRateSchedule), set from the host before every step in
+  every loop, so both backends and both Keras families step through the same values.
 Every loop (fit, custom loop, the breakdown diagnostic, parameter-server training) takes its loss from here.
 
 The job's ``loss``: the default, sparse categorical cross-entropy from logits (what every builtin model outputs); a
@@ -149,3 +151,45 @@ def lr_at_step(step: int, lr: float, steps_per_epoch: int, replicas: int, warmup
     if warmup_epochs <= 0 or epoch >= warmup_epochs:
         return None
     return lr * warmup_multiplier(epoch + batch / steps_per_epoch, steps_per_epoch, replicas, warmup_epochs)
+
+
+def lr_schedule(job: Job, lr: float, steps_per_epoch: int, total_steps: int, replicas: int) -> Callable[[int], Any]:
+    """``step -> LR`` to set before 0-based global ``step``, or None to leave it where it is: the warm-up
+    (``lr_at_step``), then the job's ``lr_schedule`` over the ``total_steps - warm-up`` steps after it: constant
+    (None), cosine (from ``lr`` to 0 at the end of the run), or the user's schedule, made once here by
+    ``function(lr, decay_steps, **lr_schedule_args)`` (a LearningRateSchedule of the job's Keras family) and
+    evaluated at the steps since the warm-up ended. UserCodeError (exit 2) naming ``lr_schedule`` otherwise."""
+    import math
+
+    warm = job.warmup_epochs * steps_per_epoch
+    decay = max(total_steps - warm, 1)
+    user = _user_schedule(job, lr, decay) if usercode.is_ref(job.lr_schedule) else None
+
+    def at(step: int) -> float | None:
+        if step < warm:
+            return lr_at_step(step, lr, steps_per_epoch, replicas, job.warmup_epochs)
+        if user is not None:
+            return float(user(step - warm))
+        if job.lr_schedule == "cosine":
+            return lr * 0.5 * (1.0 + math.cos(math.pi * min(step - warm, decay) / decay))
+        return None
+
+    return at
+
+
+def _user_schedule(job: Job, lr: float, decay_steps: int) -> Any:
+    import tensorflow as tf
+
+    schedule = usercode.call("lr_schedule", job.lr_schedule, lr, decay_steps, **job.lr_schedule_args)
+    if job.keras == 3:
+        import keras
+
+        base, family = keras.optimizers.schedules.LearningRateSchedule, "keras.optimizers.schedules (Keras 3)"
+    else:
+        base, family = tf.keras.optimizers.schedules.LearningRateSchedule, "tf.keras.optimizers.schedules (tf_keras)"
+    if not isinstance(schedule, base):
+        kind = f"{type(schedule).__module__}.{type(schedule).__name__}"
+        raise usercode.UserCodeError(f"lr_schedule = {job.lr_schedule!r} returned a {kind}, not a "
+                                     f"LearningRateSchedule of {family}, the family of keras = {job.keras}")
+    return schedule
+

@@ -25,26 +25,15 @@ from common.core import results as res
 from common.core.contract import Backend, Capabilities, tuning_record
 from common.core.errors import PeerLost, Preempted, UsageError
 from common.core.privacy import public_env
-from common.training import evaluate, inputwait, loops, objective, observe, streamed
+from common.training import evaluate, inputwait, keras3, loops, objective, observe, streamed
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
 from common.training.loops import StepHooks
+from common.training.optimizers import build_optimizer  # bench/ imports it from here too
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
 from common.workload import usercode
 from common.workload.job import DEFAULT_LOSS, Job, job_from_dict
-
-
-def build_optimizer(job: Job, lr: float) -> Any:
-    """tf_keras *legacy* optimizers in both backends (Horovod's LR callbacks need them)."""
-    import tensorflow as tf
-
-    legacy = tf.keras.optimizers.legacy
-    if job.optimizer == "sgd":
-        return legacy.SGD(learning_rate=lr)
-    if job.optimizer == "momentum":
-        return legacy.SGD(learning_rate=lr, momentum=job.momentum)
-    return legacy.Adam(learning_rate=lr)
 
 
 def weights_fingerprint(model: Any) -> list[list[float]]:
@@ -205,8 +194,10 @@ def announce(ctx: RunContext) -> None:
     print(f"[twinbench] job {job.name!r} hash {job.job_hash} | backend {backend.name} | mode {job.mode} | "
           f"{info.num_workers} worker(s) x {info.replicas_per_worker} replica(s) = {replicas} replicas", flush=True)
     warm = f", warm-up {job.warmup_epochs} epoch(s) from {lr / replicas:g}" if job.warmup_epochs else ""
+    warm += f", then {job.lr_schedule}" if job.lr_schedule != "constant" else ""
     print(f"[twinbench] global batch {plan.global_batch} = {plan.per_replica_batch} per replica x {replicas}; "
-          f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}); "
+          f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}; optimizer {job.optimizer}, "
+          f"keras {job.keras}); "
           f"{plan.total_steps} steps, {plan.steps_per_epoch} steps/epoch, dataset {job.dataset} ({data}); "
           f"host syncs every {job.sync_interval} steps", flush=True)
 
@@ -234,6 +225,8 @@ def build(ctx: RunContext) -> Built:
     else:
         _, input_shape, num_classes = data_mod.dataset_info(job)
     tf.keras.utils.set_random_seed(job.seed)  # weights, dropout: identical on every rank and backend
+    if job.keras == 3:
+        keras3.seed(job)
     if job.mixed_precision:
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
     with backend.scope():
@@ -251,7 +244,10 @@ def build(ctx: RunContext) -> Built:
             if job.mixed_precision:
                 optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
         # Slots and the iteration counter now, so a checkpoint can be restored (and broadcast) before step 1.
-        getattr(optimizer, "inner_optimizer", optimizer)._create_all_weights(model.trainable_variables)
+        if job.keras == 3:
+            keras3.create_slots(optimizer, model)
+        else:
+            getattr(optimizer, "inner_optimizer", optimizer)._create_all_weights(model.trainable_variables)
     return Built(model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer))
 
 
@@ -352,7 +348,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         per_rank_sync_marks=[r["clock_marks"] for r in everyone],
         time_to_first_step=max(r["time_to_first_step"] for r in everyone),
         resumed_from_step=resume.start_step,  # > 0: times and throughput cover only the steps after the resume
-        versions=res.versions(),
+        versions={**res.versions(), **keras3.versions(job)},  # Keras 3's version when it trained the model
         hosts=[r["host"] for r in everyone],
         devices=[r["device"] for r in everyone],
         command=list(opts.command),

@@ -33,7 +33,10 @@ class JobError(ValueError):
     """A job file or override is invalid; the message is one line meant for the user."""
 
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+LR_SCHEDULES = ("constant", "cosine")
+# 2: tf_keras (Keras 2, what tf.keras is under TF_USE_LEGACY_KERAS=1); 3: Keras 3 (``import keras``), custom loop only.
+KERAS_FAMILIES = (2, 3)
 MODES = ("fit", "ctl")
 LR_SCALINGS = ("none", "linear")
 # Keys only some models / datasets read: hashed only when the job's model or dataset lists them in its job_fields.
@@ -42,7 +45,8 @@ OPTIONAL_KEYS = ("mlp_hidden", "image_shape", "num_classes", "synthetic_samples"
 TFRECORD_SHARDINGS = ("exact", "files")
 # Keys added after jobs were first hashed: hashed only when not at their default, so older hashes stay valid.
 LATER_KEYS = ("sync_every_steps", "steps_per_execution", "model_args", "dataset_args", "loss", "metrics",
-              "eval_every_epochs", "target_metric", "target_value", "code_digest", "input_batched")
+              "eval_every_epochs", "target_metric", "target_value", "code_digest", "input_batched", "keras",
+              "optimizer_args", "lr_schedule", "lr_schedule_args")
 # Never hashed: where the user's code lies on this machine (code_digest covers the code itself).
 UNHASHED_KEYS = ("name", "pythonpath")
 DEFAULT_LOSS = "sparse_categorical_crossentropy"
@@ -76,14 +80,19 @@ class Job:
     steps_per_epoch: int = 0  # 0 = one pass over the data (dataset size // global batch)
     timing_warmup_steps: int = 2  # first steps excluded from step-time stats (tracing, allocator, autotune)
     # --- optimisation ---
-    optimizer: str = "sgd"  # sgd | momentum | adam (tf_keras legacy optimizers in both backends)
+    # sgd | momentum | adam (tf_keras legacy or Keras 3) | adamw (keras = 3) | "pkg.mod:function"
+    optimizer: str = "sgd"
+    optimizer_args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the optimizer or function
     momentum: float = 0.9  # only for optimizer = "momentum"
     learning_rate: float = 0.01  # base LR for one replica's batch
     lr_scaling: str = "none"  # none | linear (LR x global_batch / per_replica_batch_size, Goyal et al.)
     warmup_epochs: int = 0  # whole epochs of linear LR warm-up from LR/replicas to the scaled LR (Horovod's rule)
+    lr_schedule: str = "constant"  # constant | cosine (to 0 at the last step, after the warm-up) | "pkg.mod:function"
+    lr_schedule_args: dict[str, Any] = field(default_factory=dict)  # user schedule only: keyword arguments
     # the default takes logits (what builtin models output) | a tf.keras.losses name | "pkg.mod:function" (per example)
     loss: str = DEFAULT_LOSS
     # --- execution ---
+    keras: int = 2  # 2 = tf_keras (Keras 2) | 3 = Keras 3 (import keras): mode = "ctl" only, builtins mlp/cnn/resnets
     mode: str = "fit"  # fit = Keras model.fit | ctl = custom tf.function training loop
     seed: int = 1234  # global seed: weights, synthetic data and shuffling
     mixed_precision: bool = False  # mixed_float16 policy with dynamic loss scaling
@@ -197,7 +206,10 @@ def _validate(job: Job) -> None:
          f"unknown dataset {job.dataset!r} (your own: \"package.module:function\"): use one of "
          f"{', '.join(DATASETS)}")
     _validate_user_code(job, need)
-    need(job.optimizer in OPTIMIZERS, f"unknown optimizer {job.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+    need(job.optimizer in OPTIMIZERS or usercode.is_ref(job.optimizer),
+         f"unknown optimizer {job.optimizer!r}: use one of {', '.join(OPTIMIZERS)} or \"package.module:function\"")
+    need(job.lr_schedule in LR_SCHEDULES or usercode.is_ref(job.lr_schedule),
+         f"unknown lr_schedule {job.lr_schedule!r}: use constant, cosine or \"package.module:function\"")
     need(job.mode in MODES, f"unknown mode {job.mode!r}: use fit or ctl")
     need(job.lr_scaling in LR_SCALINGS, f"unknown lr_scaling {job.lr_scaling!r}: use none or linear")
     need(job.per_replica_batch_size >= 1, f"per_replica_batch_size must be >= 1, got {job.per_replica_batch_size}")
@@ -224,6 +236,7 @@ def _validate(job: Job) -> None:
          f"unknown tfrecord_sharding {job.tfrecord_sharding!r}: use exact or files")
     need(job.tfrecord_label_offset >= 0, f"tfrecord_label_offset must be >= 0, got {job.tfrecord_label_offset}")
     _validate_execution(job, need)
+    _validate_keras(job, need)
     _validate_evaluation(job, need)
     if not user_data and DATASETS[job.dataset].needs_data_dir:
         need(bool(job.data_dir), f"dataset {job.dataset!r} needs data_dir (nothing is downloaded); "
@@ -239,11 +252,13 @@ def _validate_user_code(job: Job, need: Any) -> None:
             need(reason is None, reason or "")
     need(job.loss == DEFAULT_LOSS or usercode.is_ref(job.loss) or job.loss.replace("_", "").isalnum(),
          f"loss = {job.loss!r}: use a tf.keras.losses name (such as \"mse\") or \"package.module:function\"")
-    for key, owner in (("model_args", "model"), ("dataset_args", "dataset")):
+    for key, owner in (("model_args", "model"), ("dataset_args", "dataset"), ("optimizer_args", "optimizer"),
+                       ("lr_schedule_args", "lr_schedule")):
         args = getattr(job, key)
         need(isinstance(args, dict) and all(isinstance(k, str) and k.isidentifier() for k in args),
              f"{key} must be a table of keyword arguments, got {args!r}")
-        need(not args or usercode.is_ref(getattr(job, owner)),
+        # a builtin optimizer takes its constructor's keyword arguments too (AdamW's weight_decay...)
+        need(not args or usercode.is_ref(getattr(job, owner)) or key == "optimizer_args",
              f"{key} applies to a user {owner} ({owner} = \"package.module:function\"), not to {getattr(job, owner)!r}")
         try:
             json.dumps(args, allow_nan=False)
@@ -268,6 +283,30 @@ def _validate_evaluation(job: Job, need: Any) -> None:
     need(job.target_metric in ("", "loss", *job.metrics),
          f"target_metric = {job.target_metric!r}: use \"loss\" or one of metrics ({', '.join(job.metrics) or 'none'})")
     need(math.isfinite(job.target_value), f"target_value must be a finite number, got {job.target_value}")
+
+
+def _validate_keras(job: Job, need: Any) -> None:
+    """keras = 3 runs what twinbench supports for Keras 3 (common/training/keras3.py); the rest is one line here."""
+    need(job.keras in KERAS_FAMILIES, f"keras must be 2 (tf_keras) or 3 (Keras 3), got {job.keras}")
+    # the schedule is set from the host before each step, and fit sees the host only between executions
+    need(job.lr_schedule == "constant" or job.steps_per_execution == 1,
+         f"lr_schedule = {job.lr_schedule!r} sets the learning rate before every step: use steps_per_execution = 1")
+    if job.keras == 2:
+        # tf_keras' AdamW is not a legacy optimizer, which Horovod's fit (DistributedOptimizer, LR callbacks) needs
+        need(job.optimizer != "adamw", "optimizer = \"adamw\" needs keras = 3 (tf_keras has no legacy AdamW): set "
+             "keras = 3 and mode = \"ctl\", or use adam")
+        return
+    # Keras 3's fit under MultiWorkerMirroredStrategy fails (TF 2.21, Keras 3.15.1, 2 workers: "ValueError: Attempt
+    # to convert a value (PerReplica:...)"), and Horovod's Keras module does not take Keras 3 variables (Horovod
+    # issue 4290): fit stays tf_keras'.
+    need(job.mode == "ctl", "keras = 3 runs the custom loop only: set mode = \"ctl\" (Keras 3's fit fails under "
+         "MultiWorkerMirroredStrategy, and Horovod's Keras module does not take Keras 3 variables)")
+    for key in ("mixed_precision", "xla"):
+        need(not getattr(job, key), f"{key} is not supported with keras = 3 (twinbench's Keras 3 loop is float32, "
+             "without XLA): set it to false or use keras = 2")
+    need(job.model in MODELS or usercode.is_ref(job.model),
+         f"model {job.model!r}: with keras = 3 use a builtin ({', '.join(MODELS)}) or your own "
+         "\"package.module:function\" (tf.keras.applications names are built with keras = 2 only)")
 
 
 def _validate_execution(job: Job, need: Any) -> None:

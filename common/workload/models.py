@@ -1,5 +1,8 @@
 """Models: the same functional tf.keras (legacy Keras 2, tf_keras) graph for both backends, returning logits.
 
+With ``keras = 3`` the builtins are the same graphs in Keras 3: a builder's ``tf`` is then ``keras3_family()``,
+whose ``.keras`` is Keras 3 (``import keras``), so ``tf.keras.layers.Dense`` in a builder is Keras 3's.
+
 Builtins are registered in ``MODELS`` (name -> builder and one-line description), each by ``@register`` on its
 builder: adding a model touches this file only; ``common.workload.job`` validates names against ``MODELS``, so this
 module imports neither ``common.workload.job`` nor, at import time, TensorFlow. Any other name is a
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -50,6 +54,8 @@ class ModelJob(Protocol):
     def mlp_hidden(self) -> tuple[int, ...]: ...
     @property
     def weight_decay(self) -> float: ...
+    @property
+    def keras(self) -> int: ...
 
 
 # (tf module, job, input shape (H, W, C), classes, L2 kernel regularizer or None) -> functional tf.keras.Model whose
@@ -90,6 +96,14 @@ def _tf() -> Any:
     return tf
 
 
+def keras3_family() -> Any:
+    """What a builder gets as ``tf`` for a Keras 3 model: ``.keras`` is Keras 3, ``.pad`` its pad op (a TensorFlow op
+    cannot take a Keras 3 symbolic tensor)."""
+    import keras
+
+    return types.SimpleNamespace(keras=keras, pad=keras.ops.pad)
+
+
 def model_names() -> list[str]:
     """The builtin model names (any tf.keras.applications constructor name is accepted as well)."""
     return list(MODELS)
@@ -115,11 +129,12 @@ def build_model(job: ModelJob, input_shape: tuple[int, ...], num_classes: int | 
     if num_classes is None:
         raise ModelError(f"model {job.model!r} is a classifier: its labels are not integers, so set num_classes (or "
                          "use a model of your own, model = \"package.module:function\")")
-    reg = tf.keras.regularizers.L2(job.weight_decay) if job.weight_decay > 0 else None
+    family = keras3_family() if job.keras == 3 else tf
+    reg = family.keras.regularizers.L2(job.weight_decay) if job.weight_decay > 0 else None
     spec = MODELS.get(job.model)
     try:
         if spec is not None:
-            model = spec.build(tf, job, input_shape, num_classes, reg)
+            model = spec.build(family, job, input_shape, num_classes, reg)
         else:  # not a builtin: a tf.keras.applications name
             model = _application(tf, job.model, input_shape, num_classes, job.weight_decay)
     except ModelError:

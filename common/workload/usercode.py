@@ -7,7 +7,8 @@ What this module owns (the objective itself stays in ``common.training.objective
   importing them* (``importlib.machinery.PathFinder``), so ``load_job`` stays free of user code and TensorFlow;
 - importing and calling the user's functions, each failure one line naming the job key (``UserCodeError``: exit 2);
 - the user's data in memory (``load_data``: arrays checked, labels checked against ``num_classes``) and model
-  (``build_model``: a tf.keras (tf_keras, Keras 2) model, never a Keras 3 one; float32 output under mixed precision).
+  (``build_model``: a model of the job's Keras family, ``keras``: 2 = tf_keras, 3 = Keras 3; the other family is
+  one line naming the key; float32 output under mixed precision).
 
 This module imports nothing of the project above ``common.core`` (``common.workload.job`` imports it) and no
 TensorFlow at import time.
@@ -32,7 +33,7 @@ from common.core.errors import UsageError, one_line
 
 # "package.module:function": dotted module path, a colon, a function name
 _REF = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
-KEYS = ("model", "dataset", "loss")  # the job keys that may name user code
+KEYS = ("model", "dataset", "loss", "optimizer", "lr_schedule")  # the job keys that may name user code
 KERAS3_HINT = ("build it with tf.keras (twinbench sets TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras, Keras 2) or "
                "`import tf_keras as keras`, not `import keras` (Keras 3)")
 
@@ -282,16 +283,16 @@ def _materialise(ref: str, ds: Any, split: str) -> tuple[np.ndarray, np.ndarray]
 # model
 # ----------------------------------------------------------------------------------------------------------------
 def build_model(tf: Any, job: Any, input_shape: tuple[int, ...], num_classes: int | None) -> Any:
-    """The user's model, ``function(input_shape, num_classes, **model_args)``: a single-output tf.keras (Keras 2)
-    model, made functional if it is not (fit needs its inputs), its output cast to float32 under mixed precision."""
+    """The user's model, ``function(input_shape, num_classes, **model_args)``: a single-output model of the job's
+    Keras family (``keras``: 2 = tf.keras, i.e. tf_keras; 3 = Keras 3), made functional if it is not (fit needs its
+    inputs, the loss check its output shape), its output cast to float32 under mixed precision (Keras 2 only)."""
     ref = job.model
     structured = isinstance(input_shape, dict | list)  # an input function's features: a shape per input
     model = call("model", ref, input_shape if structured else tuple(input_shape), num_classes, **job.model_args)
+    if job.keras == 3:
+        return _keras3_model(ref, model, input_shape)
     if not isinstance(model, tf.keras.Model):
-        kind = f"{type(model).__module__}.{type(model).__name__}"
-        if kind.startswith("keras."):
-            raise UserCodeError(f"model = {ref!r} returned a Keras 3 model ({kind}): {KERAS3_HINT}")
-        raise UserCodeError(f"model = {ref!r} returned a {kind}, not a tf.keras.Model")
+        raise UserCodeError(_wrong_family(ref, model, 2))
     try:
         if getattr(model, "_is_graph_network", False):  # functional, or Sequential with a known input
             inputs, outputs = model.inputs, model.outputs
@@ -309,3 +310,37 @@ def build_model(tf: Any, job: Any, input_shape: tuple[int, ...], num_classes: in
     if inputs is model.inputs:
         return model
     return tf.keras.Model(inputs, outputs[0], name=model.name)
+
+
+def _wrong_family(ref: str, model: Any, keras: int) -> str:
+    """Why ``model`` is not a model of the job's Keras family ``keras``: one line naming the keys."""
+    kind = f"{type(model).__module__}.{type(model).__name__}"
+    if keras == 2 and kind.startswith("keras."):
+        return f"model = {ref!r} returned a Keras 3 model ({kind}): set keras = 3 in the job to train it as it is, " \
+               f"or {KERAS3_HINT}"
+    if keras == 3 and kind.startswith("tf_keras."):
+        return f"model = {ref!r} returned a tf_keras (Keras 2) model ({kind}) but the job has keras = 3: build it " \
+               "with `import keras` (Keras 3), or set keras = 2"
+    return f"model = {ref!r} returned a {kind}, not a {'keras' if keras == 3 else 'tf.keras'}.Model"
+
+
+def _keras3_model(ref: str, model: Any, input_shape: tuple[int, ...]) -> Any:
+    """A Keras 3 model with one output, functional (a subclassed one called once on a symbolic input)."""
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise UserCodeError(_wrong_family(ref, model, 3))
+    try:
+        try:
+            inputs, outputs = model.inputs, model.outputs  # functional, or Sequential with a known input
+        except (AttributeError, ValueError):  # subclassed: no graph of its own
+            inputs = keras.Input(shape=tuple(input_shape), name="features")
+            outputs = keras.tree.flatten(model(inputs))
+    except Exception as e:
+        raise UserCodeError(f"model = {ref!r} cannot take input of shape {tuple(input_shape)}: {one_line(e)}") \
+            from None
+    if len(outputs) != 1:
+        raise UserCodeError(f"model = {ref!r} has {len(outputs)} outputs: twinbench trains single-output models")
+    if inputs is model.inputs:
+        return model
+    return keras.Model(inputs, outputs[0], name=model.name)
