@@ -13,6 +13,7 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras = tf_keras before TensorFlow loads, as in every run
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -185,6 +186,39 @@ def test_check_passes_on_the_keras3_example():
     assert len(pairs) == 4 and all(line.split()[-3:] == ["agree", "agree", "ok"] for line in pairs), proc.stdout
     bad = check_command("--job", KERAS3_JOB, "--modes", "fit,ctl")
     assert bad.returncode == 2 and "runs the custom loop only" in bad.stderr and bad.stdout == ""
+
+
+# A Keras 3 model that reads its rank as each launcher exports it and scales its logits by it (a per-rank seed or a
+# layer reading the rank does the same): 1 worker at 2b and 2 workers at b compute different gradients.
+RANK_DEPENDENT_KERAS3 = '''
+import json, os
+
+
+def build(input_shape, num_classes, width=32, blocks=2):
+    import keras
+    from keras import ops
+    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+    rank = int(os.environ.get("HOROVOD_RANK") or task.get("index") or 0)
+    inputs = keras.Input(shape=input_shape, name="features")
+    x = keras.layers.Dense(width, activation="relu")(keras.layers.Flatten()(inputs))
+    logits = keras.layers.Dense(num_classes)(x)
+    return keras.Model(inputs, ops.multiply(logits, 1.0 + 0.5 * rank))
+'''
+
+
+@pytest.mark.distributed
+def test_check_exits_1_on_a_rank_dependent_keras3_model(tmp_path):
+    """The Keras 3 example with its model replaced by a rank-dependent one: ``common.check`` names the first pair that
+    differs (1 worker x 2b vs 2 workers x b on native) and exits 1."""
+    for pkg in ("keras3pkg", "mypkg"):
+        shutil.copytree(REPO / "examples" / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "keras3pkg" / "model.py").write_text(RANK_DEPENDENT_KERAS3)
+    job = tmp_path / "job.toml"
+    job.write_text(Path(KERAS3_JOB).read_text())
+    proc = check_command("--job", str(job), "--backends", "native", "--steps", "12", timeout=900)  # > warm-up
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("DIFFERS:") and "1 worker" in line and "2 workers" in line and "step 1" in line, line
 
 
 # -- optimizers and schedules -------------------------------------------------------------------------------------

@@ -156,12 +156,14 @@ def _stream_job_args(tmp_path: Path) -> list[str]:
     return ["--set", f"dataset_args={json.dumps({'data_dir': str(data)})}", "--set", "steps=12"]
 
 
-@pytest.mark.parametrize("example", ["my_job", "stream_job"])
+@pytest.mark.parametrize("example", ["my_job", "stream_job", "keras3_job"])
 def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path, example):
     """A user package found through the job's pythonpath, nothing exported, under srun -n 2 (native:
     SlurmClusterResolver; Horovod: --mpi=pmix) gives the same losses and validation numbers: examples/my_job.toml
-    (arrays) and examples/stream_job.toml (an input function streaming each worker's own TFRecord files)."""
-    extra = _stream_job_args(tmp_path) if example == "stream_job" else []
+    (arrays), examples/stream_job.toml (an input function streaming each worker's own TFRecord files) and
+    examples/keras3_job.toml (a Keras 3 model, the user's AdamW and cosine schedule, the custom loop)."""
+    extra = {"stream_job": _stream_job_args, "keras3_job": lambda _: ["--set", "steps=16"]}.get(example, lambda _: [])(
+        tmp_path)
     got = {}
     # (srun's own flags, the backend's flags): native takes its ports from --port-base, Horovod its PMIx from srun
     for kind, srun_flags, flags in (("native", [], ["--port-base", "12800"]), ("horovod", ["--mpi=pmix"], [])):
