@@ -10,7 +10,7 @@ from typing import Any
 
 from common.cluster import energy, machine
 from common.report import build_report, summarize
-from tests.test_machine import HOST_GPUS, FakeNVMLError, fake_pynvml, fake_tf
+from tests.test_machine import HOST_GPUS, FakeNVMLError, fake_pynvml, fake_tf, one_rank_run
 from tests.test_report import make_run, put
 
 
@@ -99,18 +99,10 @@ def make_cpu_job() -> Any:
 def test_gather_and_make_record_carry_the_energy() -> None:
     """common.training.train: each rank's meter result is gathered and summed into RunRecord.energy; a run without
     a meter writes none."""
-    from common.core.contract import Capabilities, Collective
     from common.training import train
     from common.training.context import Plan, RunContext
-    from common.workload.job import Job
 
-    job = Job(name="m", per_replica_batch_size=4, steps=2)
-    backend = types.SimpleNamespace(
-        name="native", num_workers=1, is_chief=True, allgather=lambda x: [x],
-        info=types.SimpleNamespace(local_rank=0, local_size=1, cpus=(0,), cpu_bind="none", device="gpu"),
-        describe=lambda: {}, capabilities=lambda: Capabilities(Collective("auto", "n/a", "one process")))
-    built = types.SimpleNamespace(model=types.SimpleNamespace(weights=[], trainable_weights=[],
-                                                              trainable_variables=[]))
+    job, backend, built = one_rank_run("gpu")
     opts = types.SimpleNamespace(iface=None, t_process_start=0.0, command=("python",))
     resume = types.SimpleNamespace(previous={}, start_step=0)
     ctx = RunContext(job, backend, opts, Plan(4, 0.1, 2, 2, 1))  # type: ignore[arg-type]

@@ -129,17 +129,24 @@ def test_this_machine_block() -> None:
     assert block["distinct_cpu_models"] == [rec["cpu"]["model"]] and block["num_nodes"] == 1
 
 
+def one_rank_run(device: str) -> tuple[Job, Any, Any]:
+    """A 2-step job, a one-process chief backend on ``device`` and a model without weights: what
+    ``train.gather`` and ``train.make_record`` read, without TensorFlow."""
+    job = Job(name="m", per_replica_batch_size=4, steps=2)
+    backend = types.SimpleNamespace(
+        name="native", num_workers=1, is_chief=True, allgather=lambda x: [x],
+        info=types.SimpleNamespace(local_rank=0, local_size=1, cpus=(0,), cpu_bind="none", device=device),
+        describe=lambda: {}, capabilities=lambda: Capabilities(Collective("auto", "n/a", "one process")))
+    built = types.SimpleNamespace(model=types.SimpleNamespace(weights=[], trainable_weights=[],
+                                                              trainable_variables=[]))
+    return job, backend, built
+
+
 def test_records_carry_the_block_through_gather_and_make_record() -> None:
     """common.training.train.gather adds each rank's facts, make_record combines them into RunRecord.machine."""
     from common.training import train
 
-    job = Job(name="m", per_replica_batch_size=4, steps=2)
-    backend = types.SimpleNamespace(
-        name="native", num_workers=1, is_chief=True, allgather=lambda x: [x],
-        info=types.SimpleNamespace(local_rank=0, local_size=1, cpus=(0,), cpu_bind="none", device="cpu"),
-        describe=lambda: {}, capabilities=lambda: Capabilities(Collective("auto", "n/a", "one process")))
-    built = types.SimpleNamespace(model=types.SimpleNamespace(weights=[], trainable_weights=[],
-                                                              trainable_variables=[]))
+    job, backend, built = one_rank_run("cpu")
     hooks = types.SimpleNamespace(clock_marks=lambda: [[0, 0.0], [1, 0.5], [2, 1.0]], warm=1, losses=[1.0, 0.5],
                                   first_step_done=1.0, input_clock=None, evaluations=[])
     opts = types.SimpleNamespace(iface=None, t_process_start=0.0, command=("python",))
