@@ -41,7 +41,6 @@ def test_keras_key_is_hashed_only_when_3():
     ({"keras": 3}, "keras = 3 runs the custom loop only: set mode = \"ctl\""),
     ({"keras": 3, "mode": "ctl", "mixed_precision": True}, "mixed_precision is not supported with keras = 3"),
     ({"keras": 3, "mode": "ctl", "xla": True}, "xla is not supported with keras = 3"),
-    ({"keras": 3, "mode": "ctl", "model": "ResNet50"}, "with keras = 3 use a builtin"),
 ])
 def test_unsupported_keras3_jobs_are_one_line_job_errors(kw, fragment):
     with pytest.raises(JobError) as e:
@@ -100,6 +99,23 @@ def test_builtin_models_build_in_keras3_with_the_same_architecture(name):
     assert [tuple(v.shape) for v in k3.trainable_variables] == [tuple(v.shape) for v in k2.trainable_variables]
     assert tuple(k3.output_shape) == tuple(k2.output_shape) == (None, 10)
     assert len(k3.losses) == len(k2.losses) > 0  # weight decay on every kernel, in both families
+
+
+def test_applications_build_in_keras3_with_the_same_architecture_and_weight_decay():
+    """keras.applications names are built from Keras 3's own applications, weight decay on every kernel (Keras 3's
+    DepthwiseConv2D calls its depthwise kernel "kernel"), the same variables as the tf_keras build."""
+    import keras
+
+    from common.workload.models import ModelError, build_model
+
+    k2 = build_model(Job(model="MobileNetV2", weight_decay=1e-4), (32, 32, 3), 5)
+    k3 = build_model(Job(model="MobileNetV2", weight_decay=1e-4, keras=3, mode="ctl"), (32, 32, 3), 5)
+    assert isinstance(k3, keras.Model)
+    assert [tuple(v.shape) for v in k3.trainable_variables] == [tuple(v.shape) for v in k2.trainable_variables]
+    assert len(k3.losses) == len(k2.losses) > 50 and tuple(k3.output_shape) == (None, 5)
+    with pytest.raises(ModelError, match="did you mean .*ResNet50") as e:
+        build_model(Job(model="ResNet5", keras=3, mode="ctl"), (32, 32, 3), 5)
+    assert "\n" not in str(e.value)
 
 
 # -- parity ------------------------------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ class Job:
     # the default takes logits (what builtin models output) | a tf.keras.losses name | "pkg.mod:function" (per example)
     loss: str = DEFAULT_LOSS
     # --- execution ---
-    keras: int = 2  # 2 = tf_keras (Keras 2) | 3 = Keras 3 (import keras): mode = "ctl" only, builtins mlp/cnn/resnets
+    keras: int = 2  # 2 = tf_keras (Keras 2) | 3 = Keras 3 (import keras): mode = "ctl" only, builtins and applications
     mode: str = "fit"  # fit = Keras model.fit | ctl = custom tf.function training loop
     seed: int = 1234  # global seed: weights, synthetic data and shuffling
     mixed_precision: bool = False  # mixed_float16 policy with dynamic loss scaling
@@ -304,9 +304,6 @@ def _validate_keras(job: Job, need: Any) -> None:
     for key in ("mixed_precision", "xla"):
         need(not getattr(job, key), f"{key} is not supported with keras = 3 (twinbench's Keras 3 loop is float32, "
              "without XLA): set it to false or use keras = 2")
-    need(job.model in MODELS or usercode.is_ref(job.model),
-         f"model {job.model!r}: with keras = 3 use a builtin ({', '.join(MODELS)}) or your own "
-         "\"package.module:function\" (tf.keras.applications names are built with keras = 2 only)")
 
 
 def _validate_execution(job: Job, need: Any) -> None:

@@ -6,10 +6,11 @@ whose ``.keras`` is Keras 3 (``import keras``), so ``tf.keras.layers.Dense`` in 
 Builtins are registered in ``MODELS`` (name -> builder and one-line description), each by ``@register`` on its
 builder: adding a model touches this file only; ``common.workload.job`` validates names against ``MODELS``, so this
 module imports neither ``common.workload.job`` nor, at import time, TensorFlow. Any other name is a
-``tf.keras.applications`` constructor built with ``weights=None``. The last layer is always float32 (a linear Activation
-with dtype float32) so logits and the loss stay float32 under the mixed_float16 policy. Weights are random from the
-global seed the caller sets (``tf.keras.utils.set_random_seed(job.seed)``) before ``build_model``; this module never
-seeds anything. TensorFlow is imported lazily so that importing this module (e.g. for ``model_names``) stays cheap.
+``keras.applications`` constructor of the job's Keras family built with ``weights=None``. The last layer is always
+float32 (a linear Activation with dtype float32) so logits and the loss stay float32 under the mixed_float16 policy.
+Weights are random from the global seed the caller sets (``tf.keras.utils.set_random_seed(job.seed)``) before
+``build_model``; this module never seeds anything. TensorFlow is imported lazily so that importing this module (e.g.
+for ``model_names``) stays cheap.
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ def model_names() -> list[str]:
     return list(MODELS)
 
 
-def application_names() -> list[str]:
-    """Constructor names available in tf.keras.applications (imports TensorFlow)."""
-    apps = _tf().keras.applications
+def application_names(keras: int = 2) -> list[str]:
+    """Constructor names available in the applications of the Keras family ``keras`` (imports TensorFlow)."""
+    apps = (keras3_family() if keras == 3 else _tf()).keras.applications
     return sorted(n for n in dir(apps) if n[:1].isupper() and callable(getattr(apps, n)))
 
 
@@ -135,8 +136,8 @@ def build_model(job: ModelJob, input_shape: tuple[int, ...], num_classes: int | 
     try:
         if spec is not None:
             model = spec.build(family, job, input_shape, num_classes, reg)
-        else:  # not a builtin: a tf.keras.applications name
-            model = _application(tf, job.model, input_shape, num_classes, job.weight_decay)
+        else:  # not a builtin: an applications name, built in the job's Keras family
+            model = _application(family, job.model, input_shape, num_classes, job.weight_decay, job.keras)
     except ModelError:
         raise
     except ValueError as e:  # keras' shape checks (minimum input size, negative dimensions...)
@@ -222,15 +223,16 @@ def _resnet56(tf: Any, job: ModelJob, input_shape: tuple[int, int, int], num_cla
     return _cifar_resnet(tf, 9, input_shape, num_classes, reg, name="resnet56")
 
 
-def _application(tf: Any, name: str, input_shape: tuple[int, ...], num_classes: int, weight_decay: float) -> Any:
+def _application(tf: Any, name: str, input_shape: tuple[int, ...], num_classes: int, weight_decay: float,
+                 keras: int) -> Any:
     apps = tf.keras.applications
     ctor = getattr(apps, name, None)
     if not name[:1].isupper() or not callable(ctor):
-        valid = application_names()
+        valid = application_names(keras)
         close = difflib.get_close_matches(name, valid, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ModelError(f"unknown model {name!r}: {hint}use one of {', '.join(MODELS)} or a "
-                         f"tf.keras.applications name ({len(valid)} available, e.g. ResNet50, MobileNetV2, "
+                         f"keras.applications name ({len(valid)} available, e.g. ResNet50, MobileNetV2, "
                          "EfficientNetB0, DenseNet121)")
     try:
         base = ctor(weights=None, input_shape=input_shape, classes=num_classes, classifier_activation=None)
@@ -249,7 +251,10 @@ def _with_kernel_l2(tf: Any, model: Any, weight_decay: float) -> Any:
     The rebuilt model gets fresh weights, still deterministic under the caller's global seed.
     """
     for layer in model.layers:
-        for kernel, reg_attr in _KERNEL_REGULARIZERS.items():
+        pairs = list(_KERNEL_REGULARIZERS.items())
+        if not hasattr(layer, "depthwise_kernel"):  # Keras 3's DepthwiseConv2D names its depthwise kernel "kernel"
+            pairs.append(("kernel", "depthwise_regularizer"))
+        for kernel, reg_attr in pairs:
             if getattr(layer, kernel, None) is not None and hasattr(layer, reg_attr):
                 setattr(layer, reg_attr, tf.keras.regularizers.L2(weight_decay))
     return tf.keras.Model.from_config(model.get_config())
