@@ -5,7 +5,10 @@
 factories, which are not overhead), bound and threaded as twinbench would (``configure_threads``), trained by a plain
 MWMS custom loop (native: ``strategy.run`` on this worker's batch; TF_CONFIG for several workers, none for one) or a
 plain Horovod DistributedGradientTape loop (horovodrun for several ranks; one rank needs no launcher: ``hvd.init()``
-alone is a world of one). No host sync, no recording: what a user would write.
+alone is a world of one). No host sync, no recording: what a user would write. A ``keras = 3`` job gets the same
+loops with its Keras 3 model and optimizer; Horovod's then averages the tape's gradients in one
+``hvd.grouped_allreduce`` and broadcasts the TensorFlow variables under Keras 3's, since Horovod's tape wrapper and
+Keras module cannot take Keras 3 variables.
 
 The floor must not share the costs of what it measures, so neither loop uses tf.distribute's distributed input
 (``distribute_datasets_from_function`` / ``experimental_distribute_dataset``, a MultiDeviceIterator under MWMS, which
@@ -66,19 +69,29 @@ def _horovod_loop(tf: Any, job: Any, batches: Callable[[], Any], lr: float) -> t
     model = build_model(job, tuple(job.image_shape), job.num_classes)
     opt = build_optimizer(job, lr)
 
+    keras3 = job.keras == 3
+
     @tf.function
     def step() -> Any:
         xb, yb = batches()
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(loss_obj(yb, model(xb, training=True)))
-        tape = hvd.DistributedGradientTape(tape)
-        grads = tape.gradient(loss, model.trainable_variables)
+        if keras3:  # Horovod's tape wrapper and Keras module cannot take Keras 3 variables (Horovod issue 4290)
+            grads = tape.gradient(loss, model.trainable_variables)
+            if hvd.size() > 1:
+                grads = hvd.grouped_allreduce(grads, op=hvd.Average)
+        else:
+            grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
     step()
-    hvd.broadcast_variables(model.variables, 0)
-    hvd.broadcast_variables(opt.variables(), 0)
+    if keras3:  # the TensorFlow variables under Keras 3's
+        hvd.broadcast_variables([v.value for v in model.variables], 0)
+        hvd.broadcast_variables([v.value for v in opt.variables], 0)
+    else:
+        hvd.broadcast_variables(model.variables, 0)
+        hvd.broadcast_variables(opt.variables(), 0)
     return step, float
 
 

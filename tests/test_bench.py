@@ -154,3 +154,22 @@ def test_overhead_frozen_copy(tmp_path):
     assert not (tmp_path / "tree" / ".venv").exists()
     with pytest.raises(ValueError, match="not empty"):
         overhead.freeze(tmp_path / "head", worktree=False)
+
+
+@pytest.mark.distributed
+def test_plain_keras3_horovod_loop_two_ranks_and_the_families_benchmark():
+    """The Keras 3 floor of bench.overhead runs at 2 ranks (Horovod: grouped allreduce of the tape's gradients,
+    broadcast of the TensorFlow variables under Keras 3's: Horovod's tape wrapper would fail on them), and
+    bench.keras_families prints a ratio per backend; figures are read, not asserted (sanity bounds only)."""
+    proc = run([overhead.HVDRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, "-m", "bench.plain_loops", "horovod",
+                "12", "4", "--set", "keras=3", "--set", "mode=ctl"], env=overhead.bench_env(), timeout=300)
+    walls = [json.loads(ln.split(">:", 1)[-1]) for ln in proc.stdout.splitlines() if '"wall"' in ln]
+    assert sorted(w["rank"] for w in walls) == [0, 1] and all(0 < w["wall"] < 60 for w in walls), proc.stdout
+    fam = run([PY, "-m", "bench.keras_families", "--preset", "smoke", "--workers", "1", "--repeats", "1", "--steps",
+               "20", "--warmup", "5"], timeout=600)
+    ratios = {line.split(":")[0]: float(line.split("keras3/tf_keras ")[1].split()[0])
+              for line in fam.stdout.splitlines() if "keras3/tf_keras" in line}
+    assert set(ratios) == {f"1w {kind}" for kind in registry.names()}, fam.stdout
+    assert all(0.1 < r < 10 for r in ratios.values()), ratios
+    bad = run([PY, "-m", "bench.keras_families", "--repeats", "0"], check=False)
+    assert bad.returncode == 2 and "need --repeats >= 1" in bad.stderr
