@@ -20,7 +20,7 @@ import pytest
 
 from common.report import load_runs
 from tests.aids.signal_aid import ENV
-from tests.conftest import JOB_TIMEOUT, PY, REPO, SMOKE, base_env, first_divergence, only_result, run
+from tests.conftest import BIN, JOB_TIMEOUT, PY, REPO, SMOKE, base_env, first_divergence, only_result, run
 
 RTOL = 1e-5
 IMMEDIATE = "--immediate=120"  # srun/salloc: fail instead of queueing forever when the node is busy
@@ -159,7 +159,8 @@ def _stream_job_args(tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("example", ["my_job", "stream_job", "keras3_job"])
 def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path, example):
     """A user package found through the job's pythonpath, nothing exported, under srun -n 2 (native:
-    SlurmClusterResolver; Horovod: --mpi=pmix) gives the same losses and validation numbers: examples/my_job.toml
+    SlurmClusterResolver; Horovod: --mpi=pmix), and for the last two also horovodrun inside salloc, gives the same
+    losses and validation numbers: examples/my_job.toml
     (arrays), examples/stream_job.toml (an input function streaming each worker's own TFRecord files) and
     examples/keras3_job.toml (a Keras 3 model, the user's AdamW and cosine schedule, the custom loop)."""
     extra = {"stream_job": _stream_job_args, "keras3_job": lambda _: ["--set", "steps=16"]}.get(example, lambda _: [])(
@@ -172,15 +173,22 @@ def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path, example
                str(out), "--quiet", *flags, *extra]
         cluster.run(["srun", IMMEDIATE, "--kill-on-bad-exit=1", *srun_flags, "-n", "2", *cmd])
         got[kind] = only_result(out)
-    nat, hvd = got["native"], got["horovod"]
-    assert nat["job"]["code_digest"] and nat["job_hash"] == hvd["job_hash"]
-    msg = first_divergence(nat["step_losses"], hvd["step_losses"], RTOL)
-    assert msg is None, f"srun native vs srun --mpi=pmix horovod on {example}: {msg}"
-    assert nat["evaluations"] and \
-        [e["accuracy"] for e in nat["evaluations"]] == pytest.approx([e["accuracy"] for e in hvd["evaluations"]])
-    if example == "stream_job":  # each worker read its own files, the same ones on both backends
-        fps = [[p["fingerprint"] for p in r["input"]["pipeline"]["per_rank"]] for r in (nat, hvd)]
-        assert fps[0] == fps[1] and len(set(fps[0])) == 2, fps
+    if example != "my_job":  # the input-function and Keras 3 examples also under horovodrun in an allocation
+        out = tmp_path / "horovodrun"
+        cluster.run(["salloc", IMMEDIATE, "-n", "2", str(BIN / "horovodrun"), "-np", "2", "-H", f"{cluster.node}:2",
+                     PY, "-m", "backends.horovod", "--job", str(REPO / "examples" / f"{example}.toml"), "--results",
+                     str(out), "--quiet", *extra])
+        got["horovodrun"] = only_result(out)
+    nat = got["native"]
+    assert nat["job"]["code_digest"] and len({r["job_hash"] for r in got.values()}) == 1
+    for name, other in got.items():
+        msg = first_divergence(nat["step_losses"], other["step_losses"], RTOL)
+        assert msg is None, f"srun native vs {name} on {example}: {msg}"
+    accuracy = [[e["accuracy"] for e in r["evaluations"]] for r in got.values()]
+    assert accuracy[0] and all(a == pytest.approx(accuracy[0]) for a in accuracy), accuracy
+    if example == "stream_job":  # each worker read its own files, the same ones on both backends and launchers
+        fps = [[p["fingerprint"] for p in r["input"]["pipeline"]["per_rank"]] for r in got.values()]
+        assert all(f == fps[0] for f in fps) and len(set(fps[0])) == 2, fps
 
 
 # -- sbatch scripts ----------------------------------------------------------------------------------------------------
