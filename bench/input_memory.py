@@ -1,17 +1,20 @@
 """Does an input function's memory stay flat as the data grows, and does twinbench keep its throughput?
 
-``python -m bench.input_memory [--sizes-mb 20,100] [--record-kb 4] [--batch 64] [--dir DIR]``: for each size, writes
-TFRecord shards of that many megabytes (records of one float32 vector of ``--record-kb`` KiB and an int label, made
-here: nothing is downloaded), then reads one pass of them twice, in turn:
+``python -m bench.input_memory [--sizes-mb 20,100] [--record-kb 4] [--batch 64] [--repeats 1] [--dir DIR]``: for
+each size, writes TFRecord shards of that many megabytes in a schema of their own (a float32 vector of
+``--record-kb`` KiB, a variable-length list of 1-11 int ids and an int label, made here: nothing is downloaded), then
+reads one pass of them with each side, in an order rotated each repeat so the machine's drifts hit all sides alike:
 
-- twinbench: ``python -m backends.native`` on 1 worker, ``dataset`` an input function (written to a temporary
-  package) streaming the shards, a one-layer model, custom loop; its record gives the peak RSS and images/s;
+- twinbench, each backend (``python -m backends.native`` / ``backends.horovod``) on 1 worker, ``dataset`` an input
+  function (written to a temporary package) streaming the shards into a two-input model (the vector, and the ids
+  padded to 8 through an embedding), custom loop; its record gives the peak RSS and images/s;
 - a plain loop: the same tf.data pipeline, model and optimizer in a hand-written ``tf.function`` step, timed from
   after its first step to the last (peak RSS from ``getrusage``).
 
-Prints one line per size: peak RSS of both (MiB) and throughput of both with their ratio. Flat memory means the
-peak RSS does not grow with the size (an in-memory dataset would grow by the data itself); the target is
-throughput within 5% of the plain loop. A benchmark, not a test: figures depend on the machine and its load.
+Prints one line per run, then per size and backend: peak RSS of both (MiB), median throughput of both and the median
+ratio with its min-max over the repeats. Flat memory means the peak RSS does not grow with the size (an in-memory
+dataset would grow by the data itself); the target is throughput within 5% of the plain loop (ratio >= 0.95). A
+benchmark, not a test: figures depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ import argparse
 import json
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
+from bench.overhead import bench_env, rotation
 from common.cluster import machine
+from common.core import registry
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -34,17 +40,22 @@ PY = sys.executable
 PIPELINE = '''
 from pathlib import Path
 
+TOKENS = 8  # the variable-length feature is padded (or cut) to this many ids
+
 
 def read(input_context, global_batch_size, data_dir, features):
     import tensorflow as tf
 
     files = sorted(str(p) for p in Path(data_dir).glob("*.tfrecord"))
     mine = files[input_context.input_pipeline_id::input_context.num_input_pipelines]
-    spec = {"x": tf.io.FixedLenFeature([features], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {"x": tf.io.FixedLenFeature([features], tf.float32), "tokens": tf.io.VarLenFeature(tf.int64),
+            "y": tf.io.FixedLenFeature([], tf.int64)}
 
     def parse(r):
         ex = tf.io.parse_single_example(r, spec)
-        return ex["x"], tf.cast(ex["y"], tf.int32)
+        tokens = tf.sparse.to_dense(ex["tokens"])[:TOKENS]
+        tokens = tf.ensure_shape(tf.pad(tokens, [[0, TOKENS - tf.shape(tokens)[0]]]), [TOKENS])
+        return {"x": ex["x"], "tokens": tf.cast(tokens, tf.int32)}, tf.cast(ex["y"], tf.int32)
 
     ds = tf.data.TFRecordDataset(mine).map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     b = input_context.get_per_replica_batch_size(global_batch_size)
@@ -54,8 +65,11 @@ def read(input_context, global_batch_size, data_dir, features):
 def model(input_shape, num_classes):
     import tensorflow as tf
 
-    inputs = tf.keras.Input(shape=input_shape)
-    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(inputs))
+    L = tf.keras.layers
+    x = tf.keras.Input(shape=(input_shape["x"][-1],), name="x")
+    tokens = tf.keras.Input(shape=(TOKENS,), dtype="int32", name="tokens")
+    pooled = L.GlobalAveragePooling1D()(L.Embedding(100, 8)(tokens))
+    return tf.keras.Model({"x": x, "tokens": tokens}, L.Dense(num_classes)(L.Concatenate()([x, pooled])))
 '''
 
 PLAIN = '''
@@ -69,7 +83,7 @@ data_dir, features, batch, steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4
 tf.keras.utils.set_random_seed(1234)
 ctx = tf.distribute.InputContext(1, 0, 1)
 ds = read(ctx, batch, data_dir, features)["train"]
-m = model((features,), 10)
+m = model({"x": (features,), "tokens": (8,)}, 10)
 opt = tf.keras.optimizers.legacy.SGD(0.01)
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 it = iter(ds)
@@ -99,22 +113,26 @@ def write_records(directory: Path, megabytes: int, features: int, shards: int = 
     import tensorflow as tf
 
     directory.mkdir(parents=True, exist_ok=True)
-    per_record = features * 4 + 32
+    per_record = features * 4 + 64
     n = megabytes * 2**20 // per_record
     rng = np.random.default_rng(0)
     row = rng.normal(size=features).astype(np.float32).tolist()  # one payload: writing stays fast
+    ids = rng.integers(0, 100, size=11).tolist()
     for s in range(shards):
         with tf.io.TFRecordWriter(str(directory / f"part-{s:03d}.tfrecord")) as w:
             for i in range(s, n, shards):
                 ex = tf.train.Example(features=tf.train.Features(feature={
                     "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                    # a variable-length id list (1-11 ids): not ImageNet's schema, nor any fixed shape
+                    "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=ids[:1 + i % 11])),
                     "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 10])),
                 }))
                 w.write(ex.SerializeToString())
     return n
 
 
-def twinbench_run(root: Path, data: Path, features: int, batch: int, steps: int) -> dict[str, float]:
+def twinbench_run(kind: str, root: Path, data: Path, features: int, batch: int, steps: int) -> dict[str, float]:
+    """One pass on 1 worker of backend ``kind`` (a plain process, no launcher): its images/s and peak RSS."""
     job = root / "job.toml"
     job.write_text(textwrap.dedent(f'''\
         pythonpath = ["."]
@@ -126,45 +144,80 @@ def twinbench_run(root: Path, data: Path, features: int, batch: int, steps: int)
         steps = {steps}
         mode = "ctl"
         '''))
-    out = root / f"results-{data.name}"
+    out = root / f"results-{data.name}-{kind}"
     shutil.rmtree(out, ignore_errors=True)
-    env = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO),
-           "PATH": str(Path(PY).parent)}
-    subprocess.run([PY, "-m", "backends.native", "--job", str(job), "--results", str(out), "--quiet"], cwd=REPO,
-                   env=env, check=True, capture_output=True, text=True)
+    # bench.overhead's environment: a one-rank Horovod run without a launcher is an MPI singleton, which needs PATH
+    cmd = registry.load(kind).local_command(1, ["--job", str(job), "--results", str(out), "--quiet"], python=PY)
+    subprocess.run(cmd, cwd=REPO, env=bench_env(), check=True, capture_output=True, text=True)
     rec = json.loads(next(out.glob("*.json")).read_text())
     peak = max(int((m or {}).get("peak_rss_bytes") or 0) for m in machine.section(rec["machine"], "memory"))
     return {"images_per_sec": rec["images_per_sec"], "peak_rss": peak}
 
 
-def main() -> None:
+def plain_run(base: Path, data: Path, features: int, batch: int, steps: int) -> dict[str, float]:
+    proc = subprocess.run([PY, "-c", PLAIN, str(base), str(data), str(features), str(batch), str(steps)],
+                          check=True, capture_output=True, text=True, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def one_size(base: Path, mb: int, features: int, batch: int, repeats: int) -> None:
+    """Writes ``mb`` MB of records, then ``repeats`` rounds of the sides in rotated order; prints the figures."""
+    data = base / f"data-{mb}mb"
+    n = write_records(data, mb, features)
+    steps = n // batch
+    sides = [*registry.names(), "plain"]
+    got: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    for i in range(repeats):
+        for side in rotation(sides, i):  # each side goes first in turn: the machine's drifts hit all alike
+            r = plain_run(base, data, features, batch, steps) if side == "plain" else \
+                twinbench_run(side, base, data, features, batch, steps)
+            got[side].append(r)
+            print(f"{mb} MB repeat {i + 1}/{repeats}: {side:<8} {r['images_per_sec']:9.0f} img/s, peak RSS "
+                  f"{r['peak_rss'] / 2**20:.0f} MiB", flush=True)
+    plain = got["plain"]
+    for kind in registry.names():
+        ratios = [t["images_per_sec"] / p["images_per_sec"] for t, p in zip(got[kind], plain)]
+        print(f"{mb} MB ({n} records, {steps} steps): {kind} peak RSS {_peak(got[kind]):.0f} MiB (plain "
+              f"{_peak(plain):.0f}); median img/s {_median(got[kind]):.0f} vs plain {_median(plain):.0f}; ratio "
+              f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) over {repeats} repeats "
+              "(target >= 0.95)", flush=True)
+
+
+def _peak(runs: list[dict[str, float]]) -> float:
+    return max(r["peak_rss"] for r in runs) / 2**20
+
+
+def _median(runs: list[dict[str, float]]) -> float:
+    return statistics.median(r["images_per_sec"] for r in runs)
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes-mb", default="20,100")
     p.add_argument("--record-kb", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1, help="rounds of the three sides per size, rotated (default 1)")
     p.add_argument("--dir", default=None, help="where to write the data (default: a temporary directory)")
     a = p.parse_args()
+    try:
+        sizes = [int(s) for s in a.sizes_mb.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1 or a.repeats < 1 or a.record_kb < 1 or a.batch < 1:
+        print(f"bench.input_memory: need --sizes-mb of positive integers (got {a.sizes_mb!r}) and --repeats, "
+              "--record-kb, --batch >= 1", file=sys.stderr)
+        return 2
     features = a.record_kb * 256
     base = Path(a.dir or tempfile.mkdtemp(prefix="twinbench-input-memory-"))
     pkg = base / "benchpkg"
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "fns.py").write_text(PIPELINE)
-    print(f"{'data MiB':>8} {'records':>8} {'steps':>6} {'twinbench RSS MiB':>18} {'plain RSS MiB':>14} "
-          f"{'twinbench img/s':>16} {'plain img/s':>12} {'ratio':>6}", flush=True)
-    for mb in (int(s) for s in a.sizes_mb.split(",")):
-        data = base / f"data-{mb}mb"
-        n = write_records(data, mb, features)
-        steps = n // a.batch
-        t = twinbench_run(base, data, features, a.batch, steps)
-        proc = subprocess.run([PY, "-c", PLAIN, str(base), str(data), str(features), str(a.batch), str(steps)],
-                              check=True, capture_output=True, text=True, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
-        plain = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"{mb:>8} {n:>8} {steps:>6} {t['peak_rss'] / 2**20:>18.0f} {plain['peak_rss'] / 2**20:>14.0f} "
-              f"{t['images_per_sec']:>16.0f} {plain['images_per_sec']:>12.0f} "
-              f"{t['images_per_sec'] / plain['images_per_sec']:>6.2f}", flush=True)
+    for mb in sizes:
+        one_size(base, mb, features, a.batch, a.repeats)
     print(f"data in {base}; peak RSS of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
