@@ -246,8 +246,15 @@ def test_new_optimizer_and_schedule_keys_hashed_only_when_set():
         assert Job(**kw).job_hash != base.job_hash, kw
 
 
+def test_adamw_validates_with_tf_keras_too():
+    """keras = 2 builds twinbench's legacy AdamW (common/training/legacy_adamw.py, tests/test_legacy_adamw.py)."""
+    job = Job(optimizer="adamw", optimizer_args={"weight_decay": 0.01})
+    assert job.keras == 2 and job.mode == "fit" and load_job(SMOKE, ["optimizer=adamw"]).optimizer == "adamw"
+    assert len({job.job_hash, Job(optimizer="adam", optimizer_args={"weight_decay": 0.01}).job_hash,
+                Job(keras=3, mode="ctl", optimizer="adamw", optimizer_args={"weight_decay": 0.01}).job_hash}) == 3
+
+
 @pytest.mark.parametrize("kw, fragment", [
-    ({"optimizer": "adamw"}, "optimizer = \"adamw\" needs keras = 3"),
     ({"optimizer": "lamb"}, "unknown optimizer 'lamb'"),
     ({"lr_schedule": "step"}, "unknown lr_schedule 'step'"),
     ({"lr_schedule": "cosine", "steps_per_execution": 2}, "use steps_per_execution = 1"),

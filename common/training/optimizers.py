@@ -1,9 +1,10 @@
 """The job's optimizer, in the job's Keras family: tf_keras *legacy* optimizers for ``keras = 2`` (Horovod's fit
 wraps them in ``DistributedOptimizer`` and its LR callbacks set their ``lr``), Keras 3's for ``keras = 3``.
 
-``optimizer`` is a builtin name (sgd, momentum, adam; adamw with Keras 3), built with ``optimizer_args`` as keyword
-arguments of its constructor, or ``"package.module:function"``, called as ``function(learning_rate,
-**optimizer_args)`` with the run's learning rate (after ``lr_scaling``). An optimizer of the other family, or
+``optimizer`` is a builtin name (sgd, momentum, adam, adamw: with ``keras = 2`` twinbench's legacy AdamW,
+common/training/legacy_adamw.py, as tf_keras has none), built with ``optimizer_args`` as keyword arguments of its
+constructor, or ``"package.module:function"``, called as ``function(learning_rate, **optimizer_args)`` with the
+run's learning rate (after ``lr_scaling``). An optimizer of the other family, or
 arguments its constructor refuses, is one line naming the key (exit 2, in every rank before the first step).
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from common.core.errors import one_line
 from common.training import keras3
+from common.training.legacy_adamw import adamw_class
 from common.workload import usercode
 from common.workload.job import Job
 
@@ -32,8 +34,8 @@ def build_optimizer(job: Job, lr: float) -> Any:
         optimizer = _construct(job, ctor, lr)
     else:
         legacy = tf.keras.optimizers.legacy
-        optimizer = _construct(job, {"sgd": legacy.SGD, "momentum": legacy.SGD, "adam": legacy.Adam}[job.optimizer],
-                               lr)
+        ctor = {"sgd": legacy.SGD, "momentum": legacy.SGD, "adam": legacy.Adam, "adamw": adamw_class()}[job.optimizer]
+        optimizer = _construct(job, ctor, lr)
     if job.keras == 3:
         keras3.check_optimizer(job, optimizer)
     elif not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):

@@ -80,7 +80,7 @@ class Job:
     steps_per_epoch: int = 0  # 0 = one pass over the data (dataset size // global batch)
     timing_warmup_steps: int = 2  # first steps excluded from step-time stats (tracing, allocator, autotune)
     # --- optimisation ---
-    # sgd | momentum | adam (tf_keras legacy or Keras 3) | adamw (keras = 3) | "pkg.mod:function"
+    # sgd | momentum | adam | adamw (tf_keras legacy, or Keras 3's with keras = 3) | "pkg.mod:function"
     optimizer: str = "sgd"
     optimizer_args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the optimizer or function
     momentum: float = 0.9  # only for optimizer = "momentum"
@@ -292,9 +292,6 @@ def _validate_keras(job: Job, need: Any) -> None:
     need(job.lr_schedule == "constant" or job.steps_per_execution == 1,
          f"lr_schedule = {job.lr_schedule!r} sets the learning rate before every step: use steps_per_execution = 1")
     if job.keras == 2:
-        # tf_keras' AdamW is not a legacy optimizer, which Horovod's fit (DistributedOptimizer, LR callbacks) needs
-        need(job.optimizer != "adamw", "optimizer = \"adamw\" needs keras = 3 (tf_keras has no legacy AdamW): set "
-             "keras = 3 and mode = \"ctl\", or use adam")
         return
     # Keras 3's fit under MultiWorkerMirroredStrategy fails (TF 2.21, Keras 3.15.1, 2 workers: "ValueError: Attempt
     # to convert a value (PerReplica:...)"), and Horovod's Keras module does not take Keras 3 variables (Horovod
