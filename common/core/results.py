@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.core.privacy import public
 from common.core.records import (
     BREAKDOWN_SCHEMA,
     RUN_SCHEMA,
@@ -345,8 +346,9 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> Path:
 
 
 def write_record(results_dir: str | os.PathLike[str], rec: RunRecord) -> Path:
-    """Write ``rec`` atomically as ``results_dir/result_filename(rec)``; returns the path."""
-    return write_json_atomic(Path(results_dir) / result_filename(rec), rec.to_dict())
+    """Write ``rec`` atomically as ``results_dir/result_filename(rec)``, home directories written as ``~`` (a record
+    is published: the job's paths and the command line name them); returns the path."""
+    return write_json_atomic(Path(results_dir) / result_filename(rec), public(rec.to_dict()))
 
 
 def check_results_dir(path: str | os.PathLike[str]) -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 from common.cluster import machine
 from common.core import results as res
 from common.core.contract import Backend
+from common.core.privacy import public
 from common.core.records import AllreduceRecord
 from common.diagnostics import p2p
 from common.training import observe
@@ -109,6 +110,6 @@ def run_allreduce(backend: Backend, bench: BenchOptions, results_dir: str | None
     if p2p.summary(rows, link):
         print(p2p.summary(rows, link), flush=True)
     if results_dir is not None:
-        path = res.write_json_atomic(Path(results_dir) / record.filename(), record.to_dict())
+        path = res.write_json_atomic(Path(results_dir) / record.filename(), public(record.to_dict()))
         print(f"[twinbench] results: {path}", flush=True)
     return record

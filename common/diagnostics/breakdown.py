@@ -34,6 +34,7 @@ from common.cluster import machine
 from common.core import results as res
 from common.core.contract import Backend
 from common.core.errors import UsageError
+from common.core.privacy import public
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord
 from common.training.context import Plan, RunContext
 from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss, replica_objective
@@ -160,7 +161,7 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any
     if opts.verbose:
         print(f"[twinbench] breakdown ({METHOD}): {describe_line(rec)}", flush=True)
     if opts.results_dir is not None:
-        path = res.write_json_atomic(Path(opts.results_dir) / rec.filename(), rec.to_dict())
+        path = res.write_json_atomic(Path(opts.results_dir) / rec.filename(), public(rec.to_dict()))
         print(f"[twinbench] results: {path}", flush=True)
     return rec
 

@@ -24,6 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, as the PyPI package tomli (requirements.txt)
     import tomli as tomllib
 
+from common.core.privacy import public
 from common.workload import usercode
 from common.workload.datasets import DATASETS
 from common.workload.models import MODELS
@@ -139,7 +140,9 @@ class Job:
         for key in LATER_KEYS:
             if d[key] == _jsonable(default_of(key)):
                 d.pop(key)
-        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+        # Hashed as published: the record writes home directories as ~ (common/core/privacy.py), and a reader
+        # recomputes this hash from the record's job.
+        blob = json.dumps(public(d), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     # --- the host sees the device only between Keras executions: syncs and the timed window start there ---
