@@ -111,8 +111,9 @@ def key_table(docs: dict[str, tuple[str, str]]) -> list[str]:
 
 
 def registry_tables() -> list[str]:
-    rows = [_para("Builtin models (`model`; any other name must be a `tf.keras.applications` constructor, such as "
-                  "`ResNet50`, built with `weights=None`):"), "",
+    rows = [_para("Builtin models (`model`; any other name must be a `keras.applications` constructor, such as "
+                  "`ResNet50`, built with `weights=None` from the applications of the job's Keras family: tf_keras', "
+                  "or Keras 3's with `keras = 3`):"), "",
             "| model | what | job keys it reads |", "|---|---|---|"]
     rows += [f"| `{m.name}` | {cell(m.description)} | {_codes(m.job_fields)} |" for m in MODELS.values()]
     rows += ["", "Datasets (`dataset`):", "",
@@ -132,7 +133,11 @@ def generate() -> str:
     lines += ["", _para(f"Hashed only when the job's model or dataset reads them: {_codes(job_module.OPTIONAL_KEYS)}. "
                         "Hashed only when not at their default (added after jobs were first hashed): "
                         f"{_codes(job_module.LATER_KEYS)}. Never hashed: "
-                        f"{_codes(job_module.UNHASHED_KEYS)}."), ""]
+                        f"{_codes(job_module.UNHASHED_KEYS)}. A record is published, so it writes every home "
+                        "directory as `~` (yours, and any `/home/USER`: the job's paths, the command line; "
+                        "`common/core/privacy.py`), and the hash is of that form: a reader recomputing it from the "
+                        "record's job gets the record's hash, and `data_dir = \"/home/alice/data\"` run by alice is "
+                        "the job `\"~/data\"`."), ""]
     lines += registry_tables()
     return "\n".join(lines) + "\n"
 
