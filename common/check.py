@@ -3,7 +3,9 @@
 Runs the job for a few steps (``--steps``, default 20) on each backend at 1 and 2 local workers (CPU), in Keras
 ``fit`` and in the custom loop: 8 runs by default, one at a time, each through its backend's own local launcher
 (``registry.load(kind).local_command``). The 2-worker runs use the job's per-replica batch b, the 1-worker runs 2b
-(``--set per_replica_batch_size=2b``): the same global batch, so the same math. Then it compares, pair by pair:
+(``--set per_replica_batch_size=2b``, and with ``lr_scaling = "linear"`` the LR that 2 workers get): the same global
+batch and LR, so the same math. A job with ``warmup_epochs`` ramps its LR from LR / workers (Horovod's rule): 1 and 2
+workers cannot agree, so that pair is left out with a note. Then it compares, pair by pair:
 
 - each backend against the first one (registry order) at the same workers and mode;
 - 1 worker x 2b against 2 workers x b, per backend and mode;
@@ -195,12 +197,13 @@ def pairs(keys: Sequence[RunKey]) -> list[tuple[str, RunKey, RunKey]]:
     return out
 
 
-def compare(records: Mapping[RunKey, Mapping[str, Any]], rtol: float = RTOL) -> list[Row]:
-    """One Row per pair the records allow (``pairs``)."""
+def compare(records: Mapping[RunKey, Mapping[str, Any]], rtol: float = RTOL, *,
+            across_sizes: bool = True) -> list[Row]:
+    """One Row per pair the records allow (``pairs``); ``across_sizes`` False leaves out 1 worker vs 2 workers."""
     rows = []
     for label, ka, kb in pairs(list(records)):
         a, b = records[ka], records[kb]
-        if ka.workers != kb.workers and (fingerprints(a) or fingerprints(b)):
+        if ka.workers != kb.workers and (not across_sizes or fingerprints(a) or fingerprints(b)):
             continue  # an input function shards its own data: another world size, other batches (docs/jobs.md)
         max_rel, loss_diff = compare_losses(a.get("step_losses") or [], b.get("step_losses") or [], rtol)
         weights, weights_diff = compare_weights(a.get("trainable_weights_fingerprint"),
@@ -238,6 +241,10 @@ class Plan:
     sets: tuple[str, ...]  # the user's --set overrides, then steps
     batch: int  # the job's per-replica batch b (2 workers); 1 worker runs 2b
     keys: tuple[RunKey, ...]
+    # lr_scaling = "linear" gives 2 workers twice the job's LR: the 1-worker runs are given it explicitly (None: as is)
+    one_worker_lr: float | None = None
+    # why 1 worker x 2b cannot equal 2 workers x b for this job (the pair is not compared), or ""
+    world_size_note: str = ""
 
 
 def _csv(text: str, allowed: Sequence[str], what: str) -> list[str]:
@@ -295,7 +302,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
     except (JobError, data_mod.DataError, OSError) as e:
         fail(PROG, str(e))
     keys = tuple(RunKey(k, m, w) for m in modes for w in (1, 2) for k in kinds)
-    return Plan(str(Path(args.job).resolve()), sets, job.per_replica_batch_size, keys)
+    # Horovod's warm-up rule (common/training/objective.py) ramps from lr / workers: 1 worker starts at the full LR
+    note = f"warmup_epochs = {job.warmup_epochs} ramps the LR from its value / workers, so 1 worker x 2b vs " \
+           "2 workers x b is not compared" if job.warmup_epochs else ""
+    return Plan(str(Path(args.job).resolve()), sets, job.per_replica_batch_size, keys,
+                job.scaled_learning_rate(2) if job.lr_scaling == "linear" else None, note)
 
 
 def run_env() -> dict[str, str]:
@@ -310,7 +321,10 @@ def run_env() -> dict[str, str]:
 def run_one(plan: Plan, key: RunKey, out: Path, timeout: float) -> tuple[dict[str, Any] | None, str]:
     """Run one configuration into ``out``; (its record, "") or (None, why it failed with the stderr's tail)."""
     batch = plan.batch * 2 if key.workers == 1 else plan.batch
-    sets = [a for s in (*plan.sets, f"mode={key.mode}", f"per_replica_batch_size={batch}") for a in ("--set", s)]
+    overrides = [*plan.sets, f"mode={key.mode}", f"per_replica_batch_size={batch}"]
+    if key.workers == 1 and plan.one_worker_lr is not None:
+        overrides.append(f"learning_rate={plan.one_worker_lr!r}")  # what lr_scaling = "linear" gives 2 workers
+    sets = [a for s in overrides for a in ("--set", s)]
     args = ["--job", plan.job, "--results", str(out), "--quiet", *sets]
     cmd = registry.load(key.backend).local_command(key.workers, args, python=sys.executable)
     before = set(out.glob("*.json")) if out.is_dir() else set()
@@ -350,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.results:
             shutil.rmtree(root, ignore_errors=True)
-    rows = compare(records)
-    print("\n".join([*same_batch_warnings(records), format_table(rows)]))
+    rows = compare(records, across_sizes=not plan.world_size_note)
+    notes = [f"[check] note: {plan.world_size_note}"] if plan.world_size_note else []
+    print("\n".join([*same_batch_warnings(records), *notes, format_table(rows)]))
     status, line = verdict(rows)
     print(line, file=sys.stderr if status else sys.stdout)
     if args.results:

@@ -115,3 +115,33 @@ def test_text_table_aligns_columns_and_strips_trailing_spaces():
     assert text_table(rows, rule=True) == ["pair               steps  ok", "-----------------  -----  -----",
                                            "native vs horovod  6      agree"]
     assert text_table(rows, right=True, indent="  ")[1] == "  native vs horovod      6  agree"
+
+
+def _plan(*sets: str) -> check.Plan:
+    return check.make_plan(check.parser().parse_args(["--job", SMOKE, *(a for s in sets for a in ("--set", s))]))
+
+
+def test_linear_lr_scaling_gives_the_one_worker_runs_the_two_worker_lr(tmp_path, monkeypatch):
+    """lr_scaling = "linear" gives 2 workers 2 x learning_rate: the 1 worker x 2b runs get that LR explicitly, or the
+    pair compares two LRs; with lr_scaling = "none" nothing is added. The command is read, not run."""
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "stop")
+
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    plan = _plan("lr_scaling=linear", "learning_rate=0.1")
+    assert plan.one_worker_lr == 0.2 and not plan.world_size_note
+    for workers in (1, 2):
+        check.run_one(plan, RunKey("native", "ctl", workers), tmp_path, 10)
+    one, two = (" ".join(c) for c in seen)
+    assert "learning_rate=0.2" in one and "per_replica_batch_size=" in one and "learning_rate=0.2" not in two
+    assert _plan("lr_scaling=none").one_worker_lr is None
+
+
+def test_a_warmup_leaves_out_the_world_size_pair_and_says_why():
+    plan = _plan("warmup_epochs=1")
+    assert "warmup_epochs = 1" in plan.world_size_note
+    rows = check.compare(all_runs(), across_sizes=False)
+    assert rows and all(r.a.workers == r.b.workers for r in rows) and len(rows) == 8
