@@ -84,6 +84,35 @@ def test_a_model_of_the_other_keras_family_names_the_key(tmp_path):
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
 
 
+MODULE_LEVEL_MODEL = """
+import keras
+
+inputs = keras.Input((28, 28, 1))
+PREBUILT = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(inputs)))  # at import: no scope
+
+
+def build(input_shape, num_classes):
+    return PREBUILT
+"""
+
+
+@pytest.mark.parametrize("kind", ["native", "horovod"])
+def test_a_model_made_at_import_outside_the_scope_is_one_line(tmp_path, kind):
+    """A model whose variables are made when its module is imported (outside the strategy's scope, and before
+    twinbench configured TensorFlow) is one line and exit 2 on both backends, with nothing written."""
+    (tmp_path / "opkg").mkdir()
+    (tmp_path / "opkg" / "__init__.py").write_text("")
+    (tmp_path / "opkg" / "m.py").write_text(MODULE_LEVEL_MODEL)
+    job = tmp_path / "job.toml"
+    job.write_text('pythonpath = ["."]\nmodel = "opkg.m:build"\nkeras = 3\nmode = "ctl"\nsteps = 2\n')
+    proc = subprocess.run([PY, "-m", f"backends.{kind}", "--job", str(job), "--results", str(tmp_path / "r"),
+                           "--quiet"], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
+    line = _one_error_line(proc)
+    assert line.startswith(f"backends.{kind}: error: TensorFlow started before twinbench could configure it") \
+        and "outside the strategy's scope" in line, line
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
 # -- the builtin models in Keras 3 -----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["mlp", "small_cnn", "resnet20"])
 def test_builtin_models_build_in_keras3_with_the_same_architecture(name):

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from common.core.errors import UsageError, one_line
+
 CPU_BIND = ("none", "cores")  # --cpu-bind choices; none (default): this process's mask is left as launched
 
 
@@ -57,8 +59,15 @@ def configure_threads(local_size: int, threads: int, local_rank: int = 0,
         # bound (by us or a launcher): the mask is this process's own; unbound: an equal part of the shared mask
         share = len(cpus) if how != "none" else len(cpus) // max(local_size, 1)
         threads = max(1, share)
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    except RuntimeError as e:  # TensorFlow's "... cannot be modified after initialization" (eager/context.py)
+        raise UsageError(
+            "TensorFlow started before twinbench could configure it: a module of the job (model, dataset, loss, "
+            "optimizer... found through pythonpath) runs TensorFlow when imported, e.g. makes a tensor, variable or "
+            "model at module level, whose variables would also be outside the strategy's scope: make them inside the "
+            f"function ({one_line(e)})") from None
     return threads, cpus, how
 
 
