@@ -99,18 +99,27 @@ def _match(y: Any, out: Any) -> Any:
     return y
 
 
-def _weighted_sum(job: Job) -> Callable[[Any, Any], Any]:
-    """``(labels dict, outputs dict) -> [batch]``: the weighted sum of the outputs' per-example losses, in the
-    outputs' sorted order (Keras' order for a dict; common/training/outputs.py)."""
+def per_output_values(job: Job) -> Callable[[Any, Any], dict[str, Any]]:
+    """``(labels dict, outputs dict) -> {output name: weight x its per-example losses}`` (``loss_per_output``)."""
     import tensorflow as tf
 
     losses = _per_output(job, tf.keras.losses.Reduction.NONE)
     weights = lossspec.weights(job)
 
+    def values(y: Any, out: Any) -> dict[str, Any]:
+        return {name: loss(_match(y[name], out[name]), out[name]) * weights[name] for name, loss in losses.items()}
+
+    return values
+
+
+def _weighted_sum(job: Job) -> Callable[[Any, Any], Any]:
+    """``(labels dict, outputs dict) -> [batch]``: the sum of ``per_output_values``, in the outputs' sorted order
+    (Keras' order for a dict; common/training/outputs.py)."""
+    parts = per_output_values(job)
+
     def objective(y: Any, out: Any) -> Any:
         total = None
-        for name, loss in losses.items():
-            value = loss(_match(y[name], out[name]), out[name]) * weights[name]
+        for value in parts(y, out).values():
             total = value if total is None else total + value
         return total
 

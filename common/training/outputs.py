@@ -123,21 +123,26 @@ def _check_values(job: Job, out: Any, labels: Any) -> None:
     """The per-example objective on zero outputs and the sample labels: one value per example."""
     import tensorflow as tf
 
-    from common.training.objective import per_example_loss
+    from common.training.objective import per_example_loss, per_output_values
 
     k = len(tf.nest.flatten(labels)[0])
-    key = "loss_per_output" if job.loss_per_output else f"loss = {job.loss!r}"
     zeros = tf.nest.map_structure(lambda t: tf.zeros((k, *(d or 1 for d in tuple(t.shape)[1:])), tf.float32), out)
+    key = "loss_per_output" if job.loss_per_output else f"loss = {job.loss!r}"
     try:
-        values = per_example_loss(job)(tf.nest.map_structure(tf.constant, labels), zeros)
+        y = tf.nest.map_structure(tf.constant, labels)
+        if job.loss_per_output:  # each output's own: a sum would broadcast one value per batch over the examples
+            values = {f"loss_per_output[{n!r}]": v for n, v in per_output_values(job)(y, zeros).items()}
+        else:
+            values = {key: per_example_loss(job)(y, zeros)}
     except usercode.UserCodeError:
         raise
     except Exception as e:
         raise usercode.UserCodeError(f"{key} with the model's outputs {_shapes(out)} and labels {_shapes(labels)}: "
                                      f"{one_line(e)}") from None
-    if tuple(values.shape) != (k,):
-        raise usercode.UserCodeError(f"{key} gives shape {tuple(values.shape)} for {k} examples, not one value per "
-                                     f"example ({k},)")
+    for name, v in values.items():
+        if tuple(v.shape) != (k,):
+            raise usercode.UserCodeError(f"{name} gives shape {tuple(v.shape)} for {k} examples, not one value per "
+                                         f"example ({k},)")
 
 
 def _shapes(struct: Any) -> Any:
