@@ -15,7 +15,9 @@ Every loop (fit, custom loop, the breakdown diagnostic, parameter-server trainin
 
 The job's ``loss``: the default, sparse categorical cross-entropy from logits (what every builtin model outputs); a
 ``tf.keras.losses`` name, built as ``compile(loss=NAME)`` builds it (Keras' defaults, e.g. ``from_logits=False``);
-or ``"package.module:function"``, a per-example loss ``fn(y_true, y_pred) -> [batch]`` called as it is.
+or ``"package.module:function"``, a per-example loss ``fn(y_true, y_pred) -> [batch]`` called as it is (with the
+labels and outputs in their structures for a model with several outputs). Or ``loss_per_output``: the weighted sum
+of the outputs' per-example losses (``per_output_values``; common/training/outputs.py says how fit matches it).
 """
 
 from __future__ import annotations
