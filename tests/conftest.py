@@ -32,7 +32,8 @@ RUN_TIMEOUT = 300  # seconds for one multi-process run; a hang fails the test in
 # checks both rules). Tests marked `timing` (wall-clock figures) run afterwards, alone.
 CLUSTER_FILES = {"test_cluster.py", "test_cluster_runs.py", "test_slurm.py", "test_reframe.py"}
 OWN_WORKER_FILES = CLUSTER_FILES | {"test_demo.py", "test_usercode_parity.py", "test_tfrecord.py", "test_cli.py",
-                                    "test_netif.py", "test_observe.py", "test_usercode.py", "test_inputfn.py"}
+                                    "test_netif.py", "test_observe.py", "test_usercode.py", "test_inputfn.py",
+                                    "test_multioutput.py"}
 REQUIRE_CLUSTERS = "TWINBENCH_REQUIRE_CLUSTERS"  # "1" (make test): a cluster that cannot start fails, never skips
 
 

@@ -140,8 +140,8 @@ def _batch_fn(job: Job, model: Any) -> Any:
 
     @tf.function(reduce_retracing=True)
     def per_example(x: Any, y: Any) -> list[Any]:
-        out = tf.cast(model(x, training=False), tf.float32)
-        n = tf.shape(out)[0]
+        out = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), model(x, training=False))  # or a structure
+        n = tf.shape(tf.nest.flatten(out)[0])[0]
         return [per_example_values(f(y, out), n) for f in (loss_obj, *fns)]
 
     return per_example

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.core.contract import Warmup
-from common.training import inputwait, keras3
+from common.training import inputwait, keras3, outputs
 from common.training import reliability as rel
 from common.training.context import RunContext
 from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss, replica_objective
@@ -294,6 +294,12 @@ def twin_model_class() -> Any:
         xla_forward = None  # a holder (not tracked by Keras) whose .fn is the jit-compiled forward pass, or None
         loss_ring: Any = None  # a holder (not tracked by Keras) whose .ring is the LossRing
         input_clock: Any = None  # a holder (not tracked by Keras) whose .clock is the inputwait.InputClock
+        structure_loss: Any = None  # a holder (not tracked by Keras): one loss over a multi-output model's structures
+
+        def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None) -> Any:
+            if self.structure_loss is None:
+                return super().compute_loss(x, y, y_pred, sample_weight)
+            return outputs.fit_structure_loss(self, y, y_pred)  # Keras would apply it to each output apart
 
         def train_step(self, data: Any) -> dict[str, Any]:
             clock = self.input_clock.clock if self.input_clock is not None else None

@@ -15,7 +15,9 @@ Every loop (fit, custom loop, the breakdown diagnostic, parameter-server trainin
 
 The job's ``loss``: the default, sparse categorical cross-entropy from logits (what every builtin model outputs); a
 ``tf.keras.losses`` name, built as ``compile(loss=NAME)`` builds it (Keras' defaults, e.g. ``from_logits=False``);
-or ``"package.module:function"``, a per-example loss ``fn(y_true, y_pred) -> [batch]`` called as it is.
+or ``"package.module:function"``, a per-example loss ``fn(y_true, y_pred) -> [batch]`` called as it is (with the
+labels and outputs in their structures for a model with several outputs). Or ``loss_per_output``: the weighted sum
+of the outputs' per-example losses (``per_output_values``; common/training/outputs.py says how fit matches it).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from common.core.errors import one_line
-from common.workload import usercode
+from common.workload import lossspec, usercode
 from common.workload.job import DEFAULT_LOSS, Job
 
 
@@ -34,47 +36,96 @@ def per_example_loss(job: Job) -> Any:
     """The job's loss, one value per example (no reduction)."""
     import tensorflow as tf
 
+    if job.loss_per_output:  # a model with a dict of outputs: common/training/outputs.py
+        return _weighted_sum(job)
     if job.loss == DEFAULT_LOSS:  # the model outputs logits
         return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                              reduction=tf.keras.losses.Reduction.NONE)
-    return _loss(job, tf.keras.losses.Reduction.NONE)
+    return loss_from("loss", job.loss, tf.keras.losses.Reduction.NONE)
 
 
 def fit_loss(job: Job) -> Any:
     """The same loss for ``Model.compile``, with Keras' own reduction (Keras scales it for the strategy)."""
     import tensorflow as tf
 
+    if job.loss_per_output:  # a dict for compile(loss=dict, loss_weights=dict)
+        return _per_output(job, tf.keras.losses.Reduction.AUTO)
     if job.loss == DEFAULT_LOSS:
         return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return _loss(job, tf.keras.losses.Reduction.AUTO)
+    return loss_from("loss", job.loss, tf.keras.losses.Reduction.AUTO)
 
 
-def _loss(job: Job, reduction: Any) -> Any:
+def loss_from(key: str, value: str, reduction: Any) -> Any:
     """A tf.keras.losses name as compile(loss=NAME) builds it, or the user's per-example function, with
-    ``reduction``; UserCodeError (exit 2) naming ``loss`` if it cannot be had."""
+    ``reduction``; UserCodeError (exit 2) naming job key ``key`` if it cannot be had."""
     import sys
 
     import tensorflow as tf
 
-    if usercode.is_ref(job.loss):
-        fn = usercode.function("loss", job.loss)
+    if usercode.is_ref(value):
+        fn = usercode.function(key, value)
 
         class UserLoss(tf.keras.losses.Loss):
             def call(self, y_true: Any, y_pred: Any) -> Any:
-                return fn(y_true, y_pred)  # as the user wrote it: no reshaping of the labels
+                return fn(y_true, y_pred)  # as the user wrote it: no reshaping of the labels, structures as they are
 
-        return UserLoss(reduction=reduction, name=job.loss.split(":")[1])
+        return UserLoss(reduction=reduction, name=value.split(":")[1])
     try:
-        found = tf.keras.losses.get(job.loss)
+        found = tf.keras.losses.get(value)
     except (ValueError, TypeError) as e:
-        raise usercode.UserCodeError(f"loss = {job.loss!r} is not a tf.keras.losses name (such as \"mse\", "
+        raise usercode.UserCodeError(f"{key} = {value!r} is not a tf.keras.losses name (such as \"mse\", "
                                      f"\"binary_crossentropy\") nor \"package.module:function\": "
                                      f"{str(e).split('. ')[0]}") from None
     if isinstance(found, tf.keras.losses.Loss):  # a class name: the same class with this reduction
         return type(found).from_config({**found.get_config(), "reduction": reduction})
     # a function name: wrapped as compile() wraps it (labels reshaped to the output's rank)
     wrapper = sys.modules[tf.keras.losses.Loss.__module__].LossFunctionWrapper
-    return wrapper(found, reduction=reduction, name=job.loss)
+    return wrapper(found, reduction=reduction, name=value)
+
+
+def _per_output(job: Job, reduction: Any) -> dict[str, Any]:
+    """``loss_per_output``'s losses by output name, each built as the job's ``loss`` is (``loss_from``)."""
+    return {name: loss_from(f"loss_per_output[{name!r}]", value, reduction)
+            for name, value in sorted(job.loss_per_output.items())}
+
+
+def _match(y: Any, out: Any) -> Any:
+    """Labels as ``compile`` matches them to their output (tf_keras compile_utils.match_dtype_and_rank): a vector
+    against a matrix gets a last axis, and the dtype of the output within the same kind (float, int)."""
+    import tensorflow as tf
+
+    if y.shape.rank == 1 and out.shape.rank == 2:
+        y = tf.expand_dims(y, axis=-1)
+    if (y.dtype.is_floating and out.dtype.is_floating) or (y.dtype.is_integer and out.dtype.is_integer):
+        y = tf.cast(y, out.dtype)
+    return y
+
+
+def per_output_values(job: Job) -> Callable[[Any, Any], dict[str, Any]]:
+    """``(labels dict, outputs dict) -> {output name: weight x its per-example losses}`` (``loss_per_output``)."""
+    import tensorflow as tf
+
+    losses = _per_output(job, tf.keras.losses.Reduction.NONE)
+    weights = lossspec.weights(job)
+
+    def values(y: Any, out: Any) -> dict[str, Any]:
+        return {name: loss(_match(y[name], out[name]), out[name]) * weights[name] for name, loss in losses.items()}
+
+    return values
+
+
+def _weighted_sum(job: Job) -> Callable[[Any, Any], Any]:
+    """``(labels dict, outputs dict) -> [batch]``: the sum of ``per_output_values``, in the outputs' sorted order
+    (Keras' order for a dict; common/training/outputs.py)."""
+    parts = per_output_values(job)
+
+    def objective(y: Any, out: Any) -> Any:
+        total = None
+        for value in parts(y, out).values():
+            total = value if total is None else total + value
+        return total
+
+    return objective
 
 
 def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray, num_classes: int | None) -> None:

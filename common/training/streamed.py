@@ -30,9 +30,10 @@ def plan(job: Job, backend: Backend, per_replica_batch: int) -> tuple[int, int, 
         raise UsageError(f"dataset = {job.dataset!r}: an input function cannot feed parameter-server training "
                          "(its workers' datasets are made through the coordinator)")
     per = backend.info.replicas_per_worker
-    mine, error, validation = None, None, None
+    mine, error, validation, labels = None, None, None, None
     try:
-        mine, validation = inputfn.pipeline_facts(tf, job, per_replica_batch, backend.rank, backend.num_workers, per)
+        mine, validation, labels = inputfn.pipeline_facts(tf, job, per_replica_batch, backend.rank,
+                                                          backend.num_workers, per)
     except usercode.UserCodeError as e:
         error = str(e)
     gathered = backend.allgather({"facts": mine, "error": error})
@@ -45,8 +46,6 @@ def plan(job: Job, backend: Backend, per_replica_batch: int) -> tuple[int, int, 
     if backend.is_chief and backend.num_workers > 1 and len({f["fingerprint"] for f in everyone}) == 1:
         print(f"[twinbench] warning: every worker got the same first batches from dataset = {job.dataset!r}: does it "
               "shard by input_context.input_pipeline_id?", flush=True)
-    own = everyone[backend.rank]
-    labels = np.asarray(own["label_sample"], dtype=own["label_dtype"]) if own["label_sample"] is not None else None
     if validation is not None and not job.input_batched:
         validation = validation.batch(evaluate.EVAL_BATCH)
     return spe, total, {"record": inputfn.record_block(job, everyone, per_pass), "per_pass": per_pass,

@@ -25,7 +25,7 @@ from common.core import results as res
 from common.core.contract import Backend, Capabilities, tuning_record
 from common.core.errors import PeerLost, Preempted, UsageError
 from common.core.privacy import public_env
-from common.training import evaluate, inputwait, keras3, loops, objective, observe, streamed
+from common.training import evaluate, inputwait, keras3, loops, objective, observe, outputs, streamed
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
 from common.training.loops import StepHooks
@@ -232,10 +232,9 @@ def build(ctx: RunContext) -> Built:
     with backend.scope():
         inner = streamed.build_model(job, input_shape, num_classes) if pipeline else \
             models_mod.build_model(job, input_shape, num_classes)
-        if usercode.refs(job) or job.loss != DEFAULT_LOSS:  # the user's model, data or loss: do they fit together?
+        if usercode.refs(job) or job.loss != DEFAULT_LOSS or job.loss_per_output:  # do they fit together?
             labels = pipeline["labels"] if pipeline else data_mod.label_sample(job)
-            if labels is not None:
-                objective.check_loss_takes(job, inner.output_shape, labels, num_classes)
+            outputs.check(job, inner, labels, num_classes)
         optimizer = backend.wrap_optimizer(build_optimizer(job, ctx.plan.learning_rate), job.mode)
         if job.mode == "fit":
             model = _compile_for_fit(job, backend, inner, optimizer)
@@ -254,7 +253,8 @@ def build(ctx: RunContext) -> Built:
 def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> Any:
     import tensorflow as tf
 
-    model = loops.twin_model_class()(inputs=inner.inputs, outputs=inner.outputs, name=inner.name)
+    model = loops.twin_model_class()(inputs=inner.inputs, outputs=inner.output if outputs.is_multi(inner) else
+                                     inner.outputs, name=inner.name)
     model.local_replicas = backend.info.replicas_per_worker
     # tf_keras' default ("auto" = "sum" under MWMS) all-reduces every returned log across workers each
     # step, on top of the metrics' own sync, and so shows N x the loss. "first" keeps the synced metric
@@ -265,8 +265,7 @@ def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> 
         # cannot do on CPU (MWMS) and Horovod only with its optional XLA ops. As in the custom loop, the
         # collective-free part (here the model's forward pass, and so its gradient) is compiled.
         model.xla_forward = types.SimpleNamespace(fn=tf.function(lambda x: model(x, training=True), jit_compile=True))
-    model.compile(optimizer=optimizer, loss=objective.fit_loss(job),
-                  steps_per_execution=job.steps_per_execution)
+    model.compile(optimizer=optimizer, **outputs.compile_loss(job, model), steps_per_execution=job.steps_per_execution)
     return model
 
 

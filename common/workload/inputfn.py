@@ -126,9 +126,6 @@ def _check_validation(tf: Any, ref: str, ds: Any) -> None:
 def _check_elements(ref: str, spec: Any) -> None:
     if not isinstance(spec, tuple) or len(spec) != 2:
         raise InputFnError(f"dataset = {ref!r}: elements must be (features, labels) pairs, got {spec}")
-    if isinstance(spec[1], dict | tuple | list):  # the objective takes one loss of one output (objective.py)
-        raise InputFnError(f"dataset = {ref!r}: labels are a {type(spec[1]).__name__}: twinbench trains "
-                           "single-output models, so the labels are one tensor")
     for path, s in _leaves(spec):
         dtype = getattr(s, "dtype", None)
         if dtype is None or not (dtype.is_floating or dtype.is_integer or dtype.is_bool):
@@ -207,9 +204,10 @@ def fingerprint(tf: Any, ds: Any, n: int, b: int, ref: str) -> tuple[str, Any]:
 
 
 def pipeline_facts(tf: Any, job: Any, plan_batch: int, index: int, count: int,
-                   per: int) -> tuple[dict[str, Any], Any]:
+                   per: int) -> tuple[dict[str, Any], Any, Any]:
     """(this rank's facts: batches per epoch (None: infinite or unknown), files it reported, fingerprint...; its
-    validation dataset or None)."""
+    validation dataset or None; the first batch's first two labels as NumPy, in their structure (a dict, a tuple or
+    one array), what the loss is checked on, or None when they are not dense tensors)."""
     ds, extra = call(tf, job, input_context(tf, index, count, per), plan_batch)
     ds = batched(tf, job, ds, plan_batch)
     batches = cardinality(tf, ds)
@@ -226,9 +224,13 @@ def pipeline_facts(tf: Any, job: Any, plan_batch: int, index: int, count: int,
     files = extra.get("files")
     return {"validation": extra.get("validation") is not None, "batches_per_epoch": batches, "fingerprint": digest,
             "files": None if files is None else len(list(files)),
-            "label_sample": labels.numpy()[:2].tolist() if isinstance(labels, tf.Tensor) else None,
-            "label_dtype": labels.dtype.name if isinstance(labels, tf.Tensor) else None,
-            "input_shapes": _shapes(ds.element_spec[0])}, extra.get("validation")
+            "input_shapes": _shapes(ds.element_spec[0])}, extra.get("validation"), _label_sample(tf, labels)
+
+
+def _label_sample(tf: Any, labels: Any) -> Any:
+    if not all(isinstance(t, tf.Tensor) for t in tf.nest.flatten(labels)):
+        return None
+    return tf.nest.map_structure(lambda t: t.numpy()[:2], labels)
 
 
 def _shapes(spec: Any) -> Any:

@@ -25,7 +25,7 @@ else:  # Python 3.10: the same parser, as the PyPI package tomli (requirements.t
     import tomli as tomllib
 
 from common.core.privacy import public
-from common.workload import usercode
+from common.workload import lossspec, usercode
 from common.workload.datasets import DATASETS
 from common.workload.models import MODELS
 
@@ -47,7 +47,7 @@ TFRECORD_SHARDINGS = ("exact", "files")
 # Keys added after jobs were first hashed: hashed only when not at their default, so older hashes stay valid.
 LATER_KEYS = ("sync_every_steps", "steps_per_execution", "model_args", "dataset_args", "loss", "metrics",
               "eval_every_epochs", "target_metric", "target_value", "code_digest", "input_batched", "keras",
-              "optimizer_args", "lr_schedule", "lr_schedule_args")
+              "optimizer_args", "lr_schedule", "lr_schedule_args", "loss_per_output", "loss_weights")
 # Never hashed: where the user's code lies on this machine (code_digest covers the code itself).
 UNHASHED_KEYS = ("name", "pythonpath")
 DEFAULT_LOSS = "sparse_categorical_crossentropy"
@@ -92,6 +92,9 @@ class Job:
     lr_schedule_args: dict[str, Any] = field(default_factory=dict)  # user schedule only: keyword arguments
     # the default takes logits (what builtin models output) | a tf.keras.losses name | "pkg.mod:function" (per example)
     loss: str = DEFAULT_LOSS
+    # a model with a dict of outputs: output name -> loss (a name or "pkg.mod:function"), summed with loss_weights
+    loss_per_output: dict[str, Any] = field(default_factory=dict)
+    loss_weights: dict[str, Any] = field(default_factory=dict)  # output name -> weight (1.0 when not named)
     # --- execution ---
     keras: int = 2  # 2 = tf_keras (Keras 2) | 3 = Keras 3 (import keras): mode = "ctl" only, builtins and applications
     mode: str = "fit"  # fit = Keras model.fit | ctl = custom tf.function training loop
@@ -241,6 +244,8 @@ def _validate(job: Job) -> None:
     _validate_execution(job, need)
     _validate_keras(job, need)
     _validate_evaluation(job, need)
+    outputs_problem = lossspec.problem(job, DEFAULT_LOSS)
+    need(outputs_problem is None, outputs_problem or "")
     if not user_data and DATASETS[job.dataset].needs_data_dir:
         need(bool(job.data_dir), f"dataset {job.dataset!r} needs data_dir (nothing is downloaded); "
              f"set it in the job file or with --set data_dir=PATH")

@@ -56,7 +56,11 @@ def check_ref(key: str, value: str) -> str | None:
 
 def refs(job: Any) -> dict[str, str]:
     """The job keys that name user code, and their references."""
-    return {key: getattr(job, key) for key in KEYS if is_ref(getattr(job, key))}
+    found = {key: getattr(job, key) for key in KEYS if is_ref(getattr(job, key))}
+    for name, value in sorted(getattr(job, "loss_per_output", {}).items()):  # common/workload/lossspec.py
+        if isinstance(value, str) and is_ref(value):
+            found[f"loss_per_output[{name!r}]"] = value
+    return found
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -283,7 +287,7 @@ def _materialise(ref: str, ds: Any, split: str) -> tuple[np.ndarray, np.ndarray]
 # model
 # ----------------------------------------------------------------------------------------------------------------
 def build_model(tf: Any, job: Any, input_shape: tuple[int, ...], num_classes: int | None) -> Any:
-    """The user's model, ``function(input_shape, num_classes, **model_args)``: a single-output model of the job's
+    """The user's model, ``function(input_shape, num_classes, **model_args)``: a model of the job's
     Keras family (``keras``: 2 = tf.keras, i.e. tf_keras; 3 = Keras 3), made functional if it is not (fit needs its
     inputs, the loss check its output shape), its output cast to float32 under mixed precision (Keras 2 only)."""
     ref = job.model
@@ -295,21 +299,28 @@ def build_model(tf: Any, job: Any, input_shape: tuple[int, ...], num_classes: in
         raise UserCodeError(_wrong_family(ref, model, 2))
     try:
         if getattr(model, "_is_graph_network", False):  # functional, or Sequential with a known input
-            inputs, outputs = model.inputs, model.outputs
+            inputs, outputs = model.inputs, model.output  # one tensor, or a dict / list of them
         else:  # subclassed: called once on a symbolic input
             inputs = tf.keras.Input(shape=tuple(input_shape), name="features")
-            outputs = tf.nest.flatten(model(inputs))
+            outputs = _one_or_structure(tf, model(inputs))
     except Exception as e:
         raise UserCodeError(f"model = {ref!r} cannot take input of shape {tuple(input_shape)}: {one_line(e)}") \
             from None
-    if len(outputs) != 1:
-        raise UserCodeError(f"model = {ref!r} has {len(outputs)} outputs: twinbench trains single-output models")
     if job.mixed_precision:  # as the builtins: the loss sees float32 even under mixed_float16
-        out = tf.keras.layers.Activation("linear", dtype="float32", name="float32_output")(outputs[0])
-        return tf.keras.Model(inputs, out, name=model.name)
+        flat = tf.nest.flatten(outputs)
+        cast = [tf.keras.layers.Activation("linear", dtype="float32", name="float32_output" + (
+            f"_{i}" if len(flat) > 1 else ""))(t) for i, t in enumerate(flat)]
+        return tf.keras.Model(inputs, tf.nest.pack_sequence_as(outputs, cast), name=model.name)
     if inputs is model.inputs:
         return model
-    return tf.keras.Model(inputs, outputs[0], name=model.name)
+    return tf.keras.Model(inputs, outputs, name=model.name)
+
+
+def _one_or_structure(tf: Any, outputs: Any) -> Any:
+    """A model's outputs: its one tensor (also when wrapped in a list of one), else their structure (a dict of
+    outputs by name, a list: common/training/outputs.py)."""
+    flat = tf.nest.flatten(outputs)
+    return flat[0] if len(flat) == 1 else outputs
 
 
 def _wrong_family(ref: str, model: Any, keras: int) -> str:
@@ -325,22 +336,20 @@ def _wrong_family(ref: str, model: Any, keras: int) -> str:
 
 
 def _keras3_model(ref: str, model: Any, input_shape: tuple[int, ...]) -> Any:
-    """A Keras 3 model with one output, functional (a subclassed one called once on a symbolic input)."""
+    """A Keras 3 model, functional (a subclassed one called once on a symbolic input)."""
     import keras
 
     if not isinstance(model, keras.Model):
         raise UserCodeError(_wrong_family(ref, model, 3))
     try:
         try:
-            inputs, outputs = model.inputs, model.outputs  # functional, or Sequential with a known input
+            inputs, outputs = model.inputs, model.output  # functional, or Sequential with a known input
         except (AttributeError, ValueError):  # subclassed: no graph of its own
             inputs = keras.Input(shape=tuple(input_shape), name="features")
-            outputs = keras.tree.flatten(model(inputs))
+            outputs = _one_or_structure(keras.tree, model(inputs))
     except Exception as e:
         raise UserCodeError(f"model = {ref!r} cannot take input of shape {tuple(input_shape)}: {one_line(e)}") \
             from None
-    if len(outputs) != 1:
-        raise UserCodeError(f"model = {ref!r} has {len(outputs)} outputs: twinbench trains single-output models")
     if inputs is model.inputs:
         return model
-    return keras.Model(inputs, outputs[0], name=model.name)
+    return keras.Model(inputs, outputs, name=model.name)

@@ -1,0 +1,154 @@
+"""Models with several outputs: the objective over the label and output structures, the same in every loop.
+
+Two ways to give the loss of such a model (the job keys: ``common/workload/lossspec.py``):
+
+- ``loss = "package.module:function"``: ``fn(y_true, y_pred) -> [batch]`` gets the labels and the model's outputs
+  in their structures (dicts, tuples) and returns one value per example. The custom loops call it as every
+  per-example loss (``common.training.objective.replica_objective``). Keras ``compile`` would instead apply one
+  loss to each output separately, so ``fit`` computes it here (``fit_structure_loss``, the tf_keras model's
+  ``compute_loss``) by Keras' rule for one loss: the batch mean, divided by the strategy's replicas, plus the
+  regularisation divided the same way (tf_keras/src/engine/compile_utils.py, ``LossesContainer.__call__``).
+- ``loss_per_output = {name = loss}`` (and ``loss_weights``): the model returns a dict of outputs, the labels are a
+  dict with the same keys, and the per-example objective is sum over outputs of weight x that output's
+  per-example loss. ``fit`` compiles ``loss=dict, loss_weights=dict`` (Keras sums weight x batch mean per output:
+  the same quantity); the custom loops use ``common.training.objective.per_example_loss``, labels first matched to
+  their output's dtype and rank as ``compile`` matches them (``match_dtype_and_rank`` in the same file).
+
+Checked in every rank before the first step (``check``): each mismatch one line naming its job key, exit 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from common.core.errors import one_line
+from common.workload import lossspec, usercode
+from common.workload.job import DEFAULT_LOSS, Job
+
+
+def is_multi(model: Any) -> bool:
+    """Does ``model`` return a structure of outputs (a dict, a list) rather than one tensor?"""
+    import tensorflow as tf
+
+    return tf.nest.is_nested(model.output)
+
+
+def compile_loss(job: Job, model: Any) -> dict[str, Any]:
+    """``Model.compile``'s loss arguments for ``fit``: ``loss_per_output`` as a dict with every output's weight; a
+    user loss over the structures of a multi-output model as None, ``model.structure_loss`` then holding it (the
+    model's ``compute_loss``: ``fit_structure_loss``); else the job's single loss (``objective.fit_loss``)."""
+    import types
+
+    from common.training import objective
+
+    if job.loss_per_output:
+        return {"loss": objective.fit_loss(job), "loss_weights": lossspec.weights(job)}
+    if is_multi(model):
+        model.structure_loss = types.SimpleNamespace(fn=objective.per_example_loss(job))  # not tracked by Keras
+        return {"loss": None}
+    return {"loss": objective.fit_loss(job)}
+
+
+def fit_structure_loss(model: Any, y: Any, y_pred: Any) -> Any:
+    """This replica's loss for ``fit`` by Keras' rule for one loss (module docstring)."""
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    loss = tf.reduce_mean(model.structure_loss.fn(y, y_pred))
+    if model.losses:
+        loss += tf.add_n(model.losses)
+    return loss / replicas if replicas > 1 else loss
+
+
+# -- the check before the first step --------------------------------------------------------------------------------
+def check(job: Job, model: Any, labels: Any, num_classes: int | None) -> None:
+    """UserCodeError (exit 2, one line naming the key) unless the job's loss takes the model's outputs with labels
+    like ``labels`` (NumPy, in their structure; None: not known, the structure alone is checked)."""
+    import tensorflow as tf
+
+    from common.training import objective
+
+    out = model.output
+    if not tf.nest.is_nested(out):
+        if job.loss_per_output:
+            raise usercode.UserCodeError(f"loss_per_output: model = {job.model!r} has one output: give its loss "
+                                         "with loss")
+        if labels is not None and tf.nest.is_nested(labels):
+            raise usercode.UserCodeError(f"dataset = {job.dataset!r}: labels are a {type(labels).__name__} but "
+                                         f"model = {job.model!r} has one output")
+        if labels is not None:
+            objective.check_loss_takes(job, tuple(model.output_shape), labels, num_classes)
+        return
+    names = sorted(out) if isinstance(out, dict) else None
+    _check_keys(job, out, names)
+    if labels is None:
+        return
+    if job.loss_per_output:
+        if not isinstance(labels, dict):
+            raise usercode.UserCodeError(f"dataset = {job.dataset!r}: labels are a {type(labels).__name__}: "
+                                         "loss_per_output takes a dict of labels by output name")
+        missing = [n for n in names or [] if n not in labels]
+        if missing:
+            raise usercode.UserCodeError(f"dataset = {job.dataset!r}: the labels have no key {missing[0]!r} for "
+                                         f"the model's output {missing[0]!r} (labels: {sorted(labels)})")
+    _check_values(job, out, labels)
+
+
+def _check_keys(job: Job, out: Any, names: list[str] | None) -> None:
+    what = f"model = {job.model!r} has outputs {names if names is not None else f'[{len(out)} in a list]'}"
+    if job.metrics:
+        raise usercode.UserCodeError(f"metrics = {list(job.metrics)}: {what}; metrics are computed for "
+                                     "single-output models only (the validation loss is computed all the same)")
+    if job.loss_per_output:
+        if names is None:
+            raise usercode.UserCodeError(f"loss_per_output: {what}: return a dict of outputs by name (or give "
+                                         "loss = \"package.module:function\" taking the structures)")
+        extra = sorted(set(job.loss_per_output) - set(names))
+        missing = sorted(set(names) - set(job.loss_per_output))
+        if extra:
+            raise usercode.UserCodeError(f"loss_per_output[{extra[0]!r}]: the model has no output {extra[0]!r} "
+                                         f"({what})")
+        if missing:
+            raise usercode.UserCodeError(f"loss_per_output: no loss for the model's output {missing[0]!r} ({what}; "
+                                         "a weight of 0 in loss_weights leaves an output out)")
+    elif not usercode.is_ref(job.loss):
+        shown = f"loss = {job.loss!r}" if job.loss != DEFAULT_LOSS else "loss (the default)"
+        raise usercode.UserCodeError(f"{shown}: {what}: give loss_per_output = {{name = \"loss\", ...}} or loss = "
+                                     "\"package.module:function\" taking the label and output structures")
+
+
+def _check_values(job: Job, out: Any, labels: Any) -> None:
+    """The per-example objective on zero outputs and the sample labels: one value per example."""
+    import tensorflow as tf
+
+    from common.training.objective import per_example_loss, per_output_values
+
+    k = len(tf.nest.flatten(labels)[0])
+    zeros = tf.nest.map_structure(lambda t: tf.zeros((k, *(d or 1 for d in tuple(t.shape)[1:])), tf.float32), out)
+    key = "loss_per_output" if job.loss_per_output else f"loss = {job.loss!r}"
+    try:
+        y = tf.nest.map_structure(tf.constant, labels)
+        if job.loss_per_output:  # each output's own: a sum would broadcast one value per batch over the examples
+            values = {f"loss_per_output[{n!r}]": v for n, v in per_output_values(job)(y, zeros).items()}
+        else:
+            values = {key: per_example_loss(job)(y, zeros)}
+    except usercode.UserCodeError:
+        raise
+    except Exception as e:
+        raise usercode.UserCodeError(f"{key} with the model's outputs {_shapes(out)} and labels {_shapes(labels)}: "
+                                     f"{one_line(e)}") from None
+    for name, v in values.items():
+        if tuple(v.shape) != (k,):
+            raise usercode.UserCodeError(f"{name} gives shape {tuple(v.shape)} for {k} examples, not one value per "
+                                         f"example ({k},)")
+
+
+def _shapes(struct: Any) -> Any:
+    import tensorflow as tf
+
+    def shape(t: Any) -> Any:
+        return (None, *tuple(t.shape)[1:]) if isinstance(t, np.ndarray) else tuple(t.shape)
+
+    return tf.nest.map_structure(shape, struct)
