@@ -1,7 +1,8 @@
 """Overhead benchmark: twinbench's throughput against minimal hand-written loops fed two ways (custom loops).
 
 ``python -m bench.overhead [--preset smoke,real] [--workers 1,2] [--repeats 3] [--steps N --warmup W]
-[--mode ctl|fit] [--frozen DIR [--worktree]] [--set key=value ...]``: for each preset job, each worker count and
+[--mode ctl|fit] [--backends native,horovod] [--plain plain-const,plain-tfdata] [--frozen DIR [--worktree]]
+[--set key=value ...]``: for each preset job, each worker count and
 each backend, runs twinbench (``--set mode=ctl``, its custom loop; ``--mode fit``: Keras ``fit``) and
 bench/plain_loops.py twice, on the same model, optimizer, batch and steps: ``plain-const`` (one batch made once and
 reused, as Horovod's synthetic benchmark feeds its model: no input cost at all) and ``plain-tfdata`` (the worker's
@@ -142,15 +143,15 @@ def rotation(items: Sequence[str], i: int) -> list[str]:
 
 
 def ratios(got: dict[str, float]) -> dict[str, float]:
-    """twinbench / each plain side, from one repeat's images/s per side."""
-    return {side: got["twinbench"] / got[side] for side in PLAIN_FEEDS}
+    """twinbench / each plain side measured, from one repeat's images/s per side."""
+    return {side: got["twinbench"] / got[side] for side in PLAIN_FEEDS if side in got}
 
 
 def summary(repeats: list[dict[str, float]]) -> dict[str, tuple[float, float, float]]:
     """Per plain side, (median, min, max) over the repeats of the ratio twinbench / that side."""
     per = [ratios(got) for got in repeats]
     return {side: (statistics.median(r[side] for r in per), min(r[side] for r in per), max(r[side] for r in per))
-            for side in PLAIN_FEEDS}
+            for side in per[0]}
 
 
 def targets(preset: str, side: str) -> str:
@@ -163,14 +164,17 @@ def targets(preset: str, side: str) -> str:
 Figures = dict[tuple[int, str], list[dict[str, float]]]  # (workers, backend) -> per repeat, images/s per side
 
 
-def measure(name: str, s: Setup, workers: Sequence[int], repeats: int) -> Figures:
-    """Every repeat: for each worker count and backend, the three sides in that repeat's rotated order."""
-    figures: Figures = {(n, kind): [] for n in workers for kind in registry.names()}
+def measure(name: str, s: Setup, workers: Sequence[int], repeats: int, kinds: Sequence[str] = (),
+            sides: Sequence[str] = SIDES) -> Figures:
+    """Every repeat: for each worker count and backend (``kinds``, default all), the sides in that repeat's rotated
+    order."""
+    kinds = list(kinds) or registry.names()
+    figures: Figures = {(n, kind): [] for n in workers for kind in kinds}
     for i in range(repeats):
         for n in workers:
-            for kind in registry.names():
+            for kind in kinds:
                 got: dict[str, float] = {}
-                for side in rotation(SIDES, i):
+                for side in rotation(sides, i):
                     got[side] = run_side(side, kind, n, s)
                     print(f"{name} {n}w {kind} repeat {i + 1}/{repeats}: {side:<12} {got[side]:9.1f} img/s",
                           flush=True)
@@ -182,11 +186,12 @@ def measure(name: str, s: Setup, workers: Sequence[int], repeats: int) -> Figure
 
 
 def summarize(name: str, figures: Figures) -> None:
+    kinds = list(dict.fromkeys(kind for _, kind in figures))
     for n in sorted({n for n, _ in figures}):
         med: dict[str, dict[str, float]] = {}
-        for kind in registry.names():
+        for kind in kinds:
             reps = figures[(n, kind)]
-            ips = ", ".join(f"{side} {statistics.median(g[side] for g in reps):.1f}" for side in SIDES)
+            ips = ", ".join(f"{side} {statistics.median(g[side] for g in reps):.1f}" for side in reps[0])
             print(f"{name} {n}w {kind}: median img/s {ips}", flush=True)
             med[kind] = {}
             for side, (m, lo, hi) in summary(reps).items():
@@ -194,7 +199,9 @@ def summarize(name: str, figures: Figures) -> None:
                 print(f"{name} {n}w {kind}: median ratio twinbench/{side} = {m:.3f} ({lo:.3f}-{hi:.3f}) over "
                       f"{len(reps)} repeats, tax {100 * (1 - m):+.1f}% ({targets(name, side)})", flush=True)
         a, b = registry.RATIO
-        for side in PLAIN_FEEDS:
+        if a not in med or b not in med:
+            continue
+        for side in med[a]:
             diff = (1 - med[b][side]) - (1 - med[a][side])
             print(f"{name} {n}w vs {side}: tax difference {b} - {a} = {100 * diff:+.1f} points (target within "
                   f"{100 * TARGET_TAX_DIFF:.0f})", flush=True)
@@ -250,6 +257,9 @@ def parser() -> argparse.ArgumentParser:
                    help="--cpu-bind for every side (default none, twinbench's default)")
     p.add_argument("--mode", choices=("ctl", "fit"), default="ctl",
                    help="twinbench's loop: ctl, its custom loop (default), or fit; the plain loops stay custom loops")
+    p.add_argument("--backends", default=",".join(registry.names()), help="comma-separated (default all)")
+    p.add_argument("--plain", default=",".join(PLAIN_FEEDS),
+                   help=f"the plain sides measured beside twinbench, comma-separated (default {','.join(PLAIN_FEEDS)})")
     p.add_argument("--frozen", type=Path, metavar="DIR",
                    help="first copy the code (git archive HEAD) into DIR, empty or new, and run everything from it")
     p.add_argument("--worktree", action="store_true", help="with --frozen: copy the working tree instead of HEAD")
@@ -260,9 +270,12 @@ def main() -> int:
     a = parser().parse_args()
     names = [n for n in a.preset.split(",") if n]
     unknown = [n for n in names if n not in PRESETS]
-    if unknown or a.repeats < 1 or (a.worktree and not a.frozen):
-        print(f"bench.overhead: unknown preset {unknown}, --repeats < 1 or --worktree without --frozen",
-              file=sys.stderr)
+    kinds = [k for k in a.backends.split(",") if k]
+    plains = [p for p in a.plain.split(",") if p]
+    if unknown or a.repeats < 1 or (a.worktree and not a.frozen) or not kinds or not plains \
+            or not set(kinds) <= set(registry.names()) or not set(plains) <= set(PLAIN_FEEDS):
+        print(f"bench.overhead: unknown preset {unknown}, --repeats < 1, --worktree without --frozen, or --backends "
+              f"/ --plain not among {registry.names()} / {list(PLAIN_FEEDS)}", file=sys.stderr)
         return 2
     root = a.frozen.resolve() if a.frozen else REPO
     setups = {name: Setup(root, a.steps or PRESETS[name].steps, PRESETS[name].warmup if a.warmup < 0 else a.warmup,
@@ -286,7 +299,7 @@ def main() -> int:
         job = " ".join(["jobs/smoke.toml", *s.sets])
         print(f"{name}: {job}, {s.steps} steps ({s.warm} untimed), twinbench mode={a.mode}: {loop}, "
               f"workers {','.join(map(str, a.workers))}, --cpu-bind {a.cpu_bind}", flush=True)
-        summarize(name, measure(name, s, a.workers, a.repeats))
+        summarize(name, measure(name, s, a.workers, a.repeats, kinds, ("twinbench", *plains)))
     return 0
 
 
