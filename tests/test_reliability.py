@@ -229,3 +229,28 @@ def test_no_results_file_without_a_finished_run(runner):
     assert len(names) == 2 and names[0].endswith(".json") and names[1] == "tensorboard", names
     hidden = [p for p in results.rglob(".*")]
     assert not hidden, hidden
+
+
+def test_a_peer_that_closes_its_port_after_the_failed_collective_is_still_named_lost():
+    """The race a killed peer makes: the collective fails on its closed connection while its heartbeat port still
+    answers for a moment (its threads still exiting). With no grace the peer looks alive and the failure would be a
+    plain error (exit 1); within the grace the port closes and the peer is named (exit 3)."""
+    import threading
+
+    from common.training import reliability as rel
+
+    def peer_closing_in(seconds: float) -> tuple[rel.Watchdog, threading.Timer]:
+        beat = rel.Heartbeat()
+        dog = rel.Watchdog(0, [{"rank": 1, "host": "h", "address": "127.0.0.1", "port": beat.port, "pid": 1}])
+        timer = threading.Timer(seconds, beat.close)
+        timer.start()
+        return dog, timer
+
+    dog, timer = peer_closing_in(1.5)
+    assert dog.lost_peers() == []  # answers now: without a grace, not lost
+    timer.join()
+    dog, timer = peer_closing_in(1.5)
+    t0 = time.monotonic()
+    assert [p["rank"] for p in dog.lost_peers(grace=6.0)] == [1]
+    assert time.monotonic() - t0 < 6.0
+    timer.join()

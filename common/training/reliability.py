@@ -84,13 +84,19 @@ class Watchdog:
         except OSError:
             return False
 
-    def lost_peers(self) -> list[dict[str, Any]]:
-        """Probe every peer now (twice, a second apart): the ones that do not answer."""
-        gone = [p for p in self.peers if not self._probe(p)]
-        if gone:
-            time.sleep(1.0)
-            gone = [p for p in gone if not self._probe(p)]
-        return gone
+    def lost_peers(self, grace: float = 0.0) -> list[dict[str, Any]]:
+        """The peers that do not answer (twice, a second apart), probing every half second for up to ``grace``
+        seconds until one stops: a peer killed a moment ago may still hold its port open while it exits (its
+        threads ending one by one on a busy machine), after the failed collective already saw its connection go."""
+        deadline = time.monotonic() + grace
+        while True:
+            gone = [p for p in self.peers if not self._probe(p)]
+            if gone:
+                time.sleep(1.0)
+                gone = [p for p in gone if not self._probe(p)]
+            if gone or time.monotonic() >= deadline:
+                return gone
+            time.sleep(0.5)
 
     def _run(self) -> None:
         last_ok = {p["rank"]: time.monotonic() for p in self.peers}

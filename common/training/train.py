@@ -96,6 +96,9 @@ def train(job: Job, backend: Backend, opts: RunOptions) -> res.RunRecord | None:
         return _train(ctx, preemption, watchdog, heartbeat)
 
 
+PEER_LOSS_GRACE = 10.0  # s: a failure that is not a lost peer is reported this much later, never misnamed
+
+
 @contextlib.contextmanager
 def peer_loss_as_error(watchdog: rel.Watchdog | None) -> Iterator[None]:
     """A failure while the watchdog knows a peer is lost becomes ``PeerLost`` naming it: the failed collective's
@@ -105,7 +108,8 @@ def peer_loss_as_error(watchdog: rel.Watchdog | None) -> Iterator[None]:
     except (Preempted, UsageError):
         raise
     except Exception as e:
-        lost = watchdog.lost_peers() if watchdog is not None else []
+        # a failed collective is the first sign of a dead peer: give its port PEER_LOSS_GRACE s to close
+        lost = watchdog.lost_peers(PEER_LOSS_GRACE) if watchdog is not None else []
         if not lost:
             raise
         watchdog.stop()
