@@ -166,7 +166,7 @@ def test_plain_keras3_horovod_loop_two_ranks_and_the_families_benchmark():
     walls = [json.loads(ln.split(">:", 1)[-1]) for ln in proc.stdout.splitlines() if '"wall"' in ln]
     assert sorted(w["rank"] for w in walls) == [0, 1] and all(0 < w["wall"] < 60 for w in walls), proc.stdout
     fam = run([PY, "-m", "bench.keras_families", "--preset", "smoke", "--workers", "1", "--repeats", "1", "--steps",
-               "20", "--warmup", "5"], timeout=600)
+               "8", "--warmup", "2"], timeout=600)
     ratios = {line.split(":")[0]: float(line.split("keras3/tf_keras ")[1].split()[0])
               for line in fam.stdout.splitlines() if "keras3/tf_keras" in line}
     assert set(ratios) == {f"1w {kind}" for kind in registry.names()}, fam.stdout

@@ -160,7 +160,8 @@ def test_bad_arguments_are_one_line(args, fragment):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("mode", ["fit", "ctl"])
+@pytest.mark.parametrize("mode", ["fit"])  # fit: Horovod rebuilds the optimizer from get_config (weight_decay's risk);
+# the custom loop applies it as it applies every legacy optimizer, whose parity tests/test_parity.py holds
 def test_adamw_native_vs_horovod_two_workers(runner, mode):
     extra = ("--set", f"mode={mode}", "--set", "steps=6", "--set", "learning_rate=0.01")
     adamw = (*extra, "--set", "optimizer=adamw", "--set", 'optimizer_args={"weight_decay": 0.5}')
