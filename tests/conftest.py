@@ -289,3 +289,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     finally:
         keep = ["--keep"] if os.environ.get("TWINBENCH_KEEP_SLURM") == "1" else []
         subprocess.run(["bash", str(SLURM_DIR / "stop_cluster.sh"), *keep, str(directory)], timeout=120)
+
+
+@pytest.fixture
+def restore_sys_path() -> Any:
+    """load_job puts the job's pythonpath first on sys.path: a test using this starts from the path it found."""
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved
+
+
+def user_job(tmp: Path, package: str, source: str, values: dict[str, str], name: str = "job.toml") -> Path:
+    """A package ``package`` under ``tmp`` whose module ``fns`` is ``source``, and beside it the job file ``name``
+    with ``values`` (key -> TOML text; an empty text leaves the key out)."""
+    (tmp / package).mkdir(exist_ok=True)
+    (tmp / package / "__init__.py").write_text("")
+    (tmp / package / "fns.py").write_text(source)
+    job = tmp / name
+    job.write_text("".join(f"{k} = {v}\n" for k, v in values.items() if v))
+    return job

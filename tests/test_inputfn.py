@@ -25,7 +25,7 @@ from common.core.errors import EXIT_PREEMPTED
 from common.workload import data as data_mod
 from common.workload import inputfn
 from common.workload.job import Job, JobError, load_job
-from tests.conftest import REPO, base_env, only_result, signal_env
+from tests.conftest import REPO, base_env, only_result, signal_env, user_job
 from tests.test_check import _check as check_command
 from tests.test_usercode import TF_LOG_PREFIXES
 
@@ -128,22 +128,13 @@ def two_inputs(input_shape, num_classes):
 '''
 
 
-@pytest.fixture(autouse=True)
-def _restore_sys_path():
-    saved = list(sys.path)
-    yield
-    sys.path[:] = saved
+pytestmark = pytest.mark.usefixtures("restore_sys_path")
 
 
 def _job(tmp: Path, **keys: str) -> Path:
-    (tmp / "ifpkg").mkdir(exist_ok=True)
-    (tmp / "ifpkg" / "__init__.py").write_text("")
-    (tmp / "ifpkg" / "fns.py").write_text(BAD_PACKAGE)
-    values = {"pythonpath": '["."]', "model": '"ifpkg.fns:model"', "dataset": '"ifpkg.fns:good"', "num_classes": "3",
-              "per_replica_batch_size": "8", **keys}
-    job = tmp / "job.toml"
-    job.write_text("".join(f"{k} = {v}\n" for k, v in values.items()))
-    return job
+    return user_job(tmp, "ifpkg", BAD_PACKAGE, {"pythonpath": '["."]', "model": '"ifpkg.fns:model"',
+                                                "dataset": '"ifpkg.fns:good"', "num_classes": "3",
+                                                "per_replica_batch_size": "8", **keys})
 
 
 def _native(job: Path, results: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from common.workload.job import Job, JobError
-from tests.conftest import REPO, backend_cmd, base_env, first_divergence, only_result, run
+from tests.conftest import REPO, backend_cmd, base_env, first_divergence, only_result, run, user_job
 from tests.test_usercode import TF_LOG_PREFIXES
 
 RTOL = 1e-5
@@ -79,22 +79,13 @@ def both(y_true, y_pred):  # one loss over the structures: the same math as loss
 PER_OUTPUT = {"loss_per_output": '{ cls = "mopkg.fns:ce", reg = "mse" }', "loss_weights": "{ reg = 0.5 }"}
 
 
-@pytest.fixture(autouse=True)
-def _restore_sys_path():
-    saved = list(sys.path)
-    yield
-    sys.path[:] = saved
+pytestmark = pytest.mark.usefixtures("restore_sys_path")
 
 
 def _job(tmp: Path, **keys: str) -> Path:
-    (tmp / "mopkg").mkdir(exist_ok=True)
-    (tmp / "mopkg" / "__init__.py").write_text("")
-    (tmp / "mopkg" / "fns.py").write_text(PACKAGE)
     values = {"pythonpath": '["."]', "model": '"mopkg.fns:model"', "dataset": '"mopkg.fns:data"', "num_classes": "3",
               "per_replica_batch_size": "8", "steps": "6", "sync_every_steps": "1", **keys}
-    job = tmp / f"job-{len(list(tmp.glob('job-*.toml')))}.toml"
-    job.write_text("".join(f"{k} = {v}\n" for k, v in values.items() if v))
-    return job
+    return user_job(tmp, "mopkg", PACKAGE, values, f"job-{len(list(tmp.glob('job-*.toml')))}.toml")
 
 
 def _native(job: Path, results: Path) -> subprocess.CompletedProcess[str]:

@@ -34,12 +34,7 @@ BUILTIN_HASHES = {"smoke": "a322b69b10eb7a0f", "cnn_fashion_mnist": "91655e5697b
                   "resnet56_cifar10": "079a9c18b59bf6a6"}
 
 
-@pytest.fixture(autouse=True)
-def _restore_sys_path():
-    """load_job puts the job's pythonpath first on sys.path: each test starts from the path it found."""
-    saved = list(sys.path)
-    yield
-    sys.path[:] = saved
+pytestmark = pytest.mark.usefixtures("restore_sys_path")  # load_job moves sys.path
 
 
 def copy_examples(dest: Path) -> Path:
