@@ -42,14 +42,22 @@ if compgen -G "$OUT/*.json" > /dev/null; then
   prev="$OUT/previous/$(date -u +%Y%m%dT%H%M%SZ)"
   mkdir -p "$prev" && mv "$OUT"/*.json "$prev"/ && echo "earlier demo results moved to $prev/"
 fi
+FAILED=()   # runs that failed: named after the report, and the demo exits 1
+SKIPPED=()  # diagnostics the job cannot have (their one-line refusal, exit 2): named, not a failure
+# run NAME KIND CMD...: KIND "bench" (a benchmark cell) or "diag" (a diagnostic). A failed run is shown and
+# remembered, never the end of the demo: the report of what ran always comes last.
 run() {
-  local name=$1; shift
+  local name=$1 kind=$2 rc=0; shift 2
   printf '%-34s' "$name"
   local t0=$SECONDS
-  if "$@" > "$OUT/logs/$name.log" 2>&1; then
+  "$@" > "$OUT/logs/$name.log" 2>&1 || rc=$?
+  if ((rc == 0)); then
     echo "ok ($((SECONDS - t0)) s)  $(grep -ho 'results: .*' "$OUT/logs/$name.log" | tail -1)"
+  elif [[ $kind == diag ]] && ((rc == 2)); then  # the diagnostic refuses this job (one line): not a failure
+    local why; why=$(grep -v '^\s*$' "$OUT/logs/$name.log" | tail -1)
+    echo "skipped: ${why#*error: }"; SKIPPED+=("$name: ${why#*error: }")
   else
-    echo "FAILED, see $OUT/logs/$name.log:"; tail -20 "$OUT/logs/$name.log"; exit 1
+    echo "FAILED (exit $rc), see $OUT/logs/$name.log:"; tail -20 "$OUT/logs/$name.log"; FAILED+=("$name")
   fi
 }
 COMMON=(--job "$JOB" --set mode="$MODE" --set steps="$STEPS" --set timing_warmup_steps=10 --results "$OUT")
@@ -58,7 +66,7 @@ echo "twinbench demo: $JOB, mode $MODE, $STEPS steps, $REPEATS repeat(s)${UNTIL:
 cell() {
   local backend=$1 n=$2 tag=$3 cmd
   mapfile -t cmd < <($PY -m backends command "$backend" "$n" "${COMMON[@]}")
-  run "$backend-$n$tag" "${cmd[@]}"
+  run "$backend-$n$tag" bench "${cmd[@]}"
 }
 mapfile -t BACKENDS < <($PY -m backends names)
 CELLS=()
@@ -84,7 +92,8 @@ if [[ -n $UNTIL ]]; then
     if ((rc == 0)); then
       echo "[demo] every cell within $WITHIN of its median after $r repeats"; break
     elif ((rc != 1)); then
-      echo "[demo] the --until check FAILED, see $OUT/logs/until-r$r.log:"; tail -20 "$OUT/logs/until-r$r.log"; exit 1
+      echo "[demo] the --until check FAILED, see $OUT/logs/until-r$r.log:"; tail -20 "$OUT/logs/until-r$r.log"
+      FAILED+=("until-r$r"); break
     fi
     left=$(tail -1 "$OUT/logs/until-r$r.log" | sed 's/^not yet within [^:]*: //')
     if ((r >= MAX_REPEATS)); then
@@ -100,7 +109,7 @@ fi
 BENCH=(--bench allreduce --sizes "${SIZES:-4K,64K,1M,4M}" --iters 10 --results "$OUT")
 for b in "${BACKENDS[@]}"; do
   mapfile -t cmd < <($PY -m backends command "$b" 2 "${BENCH[@]}")
-  run "allreduce-$b-2" "${cmd[@]}"
+  run "allreduce-$b-2" diag "${cmd[@]}"
 done
 # Step-time breakdown: a DIAGNOSTIC run per backend x world size (the custom loop's step with its phases serialized
 # and timed on the device; its own kind of record, never in the benchmark figures), after the benchmark runs so it
@@ -111,9 +120,15 @@ DIAG=(--job "$JOB" --set mode=ctl --set steps="$STEPS" --set timing_warmup_steps
 for n in 1 2; do
   for b in "${BACKENDS[@]}"; do
     mapfile -t cmd < <($PY -m backends command "$b" "$n" "${DIAG[@]}")
-    run "breakdown-$b-$n" "${cmd[@]}"
+    run "breakdown-$b-$n" diag "${cmd[@]}"
   done
 done
 echo
+for s in "${SKIPPED[@]}"; do echo "[demo] skipped $s"; done
+if ((${#FAILED[@]})); then
+  echo "[demo] ${#FAILED[@]} run(s) FAILED (${FAILED[*]}): the report below holds the runs that finished"
+fi
 echo "plots and the full report (scaling model and step-time breakdown included): $OUT/report/"
-$PY -m common.report "$OUT" --out "$OUT/report"  # tables, the files written, then the verdict lines
+rc=0; $PY -m common.report "$OUT" --out "$OUT/report" || rc=$?  # tables, the files written, then the verdict lines
+if ((${#FAILED[@]})); then exit 1; fi
+exit $rc
