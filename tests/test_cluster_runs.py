@@ -325,14 +325,21 @@ def test_breakdown_comm_share_grows_as_the_link_predicts(emu, tmp_path):
     share = {k: r["phases"]["comm"] / r["step_time"] for k, r in (("free", free), ("shaped", shaped))}
     wire = shaped["gradient_bytes"] * 2 * (2 - 1) / 2 / (200e6 / 8)  # s per step at the shaped rate
     print(f"comm share {share['free']:.0%} -> {share['shaped']:.0%}; shaped comm "
-          f"{shaped['phases']['comm'] * 1e3:.1f} ms per step, the wire needs {wire * 1e3:.1f} ms")
+          f"{shaped['phases']['comm'] * 1e3:.1f} ms per step, the wire needs {wire * 1e3:.1f} ms; compute "
+          f"{free['phases']['compute'] * 1e3:.2f} -> {shaped['phases']['compute'] * 1e3:.2f} ms")
     # measured 71-77% -> 97%: the free link's share already dominates (2 shared cores), so the growth is asserted
     # on the comm time (about 10x measured) and the shaped share must be the comm-bound one
     assert share["shaped"] > share["free"] and share["shaped"] > 0.9, share
     assert shaped["phases"]["comm"] > 3 * free["phases"]["comm"], (free["phases"], shaped["phases"])
     # no faster than the wire; at most 2x it (native RING reached 90-93% of the probed link in the benchmark)
     assert 0.95 * wire <= shaped["phases"]["comm"] <= 2.0 * wire, (shaped["phases"], wire)
-    assert shaped["phases"]["compute"] == pytest.approx(free["phases"]["compute"], rel=0.5)  # compute unchanged
+    # The link's cost lands in comm, not in compute. Compute itself is not unchanged: a phase that follows a long
+    # wait runs 1.3-1.7x slower here with no network at all (`python -m bench.cold_compute`, docs/findings.md), and
+    # the shaped run's compute phase follows a 130 ms all-reduce (measured 1.40 -> 2.16 ms). What must hold is that
+    # compute takes no real share of what the slow link added: a breakdown that let the all-reduce's tail leak
+    # into the next step's compute would move a good part of the ~100 ms the comm phase grew by.
+    grew = {p: shaped["phases"][p] - free["phases"][p] for p in ("compute", "comm")}
+    assert grew["compute"] < 0.05 * grew["comm"], (free["phases"], shaped["phases"])
 
 
 # -- a partition mid-run (last: it leaves node2 re-registering with Slurm) -----------------------------------------
