@@ -45,6 +45,7 @@ from common.core import registry
 from common.core.errors import fail
 from common.core.results import EVALUATION_META
 from common.core.text import text_table
+from common.workload import argcheck
 from common.workload.job import MODES, JobError, load_job
 
 PROG = "common.check"
@@ -285,6 +286,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     sets = (*args.sets, f"steps={args.steps}")
     try:
         job = load_job(args.job, sets)
+        argcheck.refuse(job, REPO)  # every run starts in the repository
         # Keras 3 runs the custom loop only (common.workload.job): its check compares what can run
         modes = _csv(args.modes or ("ctl" if job.keras == 3 else ",".join(MODES)), MODES, "modes")
         if job.keras == 3 and "fit" in modes:
