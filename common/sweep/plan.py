@@ -54,7 +54,8 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     lays = {size: sl.layouts(size, a.gres_per_node, nodes) for size in sizes}
     results = Path(a.results).resolve()
     if (results / MANIFEST).exists():
-        raise SweepError(f"{results / MANIFEST} exists: {results} already holds a sweep; use a new --results dir")
+        raise SweepError(f"{results / MANIFEST} exists: {results} already holds a sweep; use a new --results dir (or "
+                         f"finish that one: python -m common.sweep resume {results})")
     if results.exists() and not results.is_dir():
         raise SweepError(f"--results {str(results)!r} is not a directory")
     for b in chosen:
