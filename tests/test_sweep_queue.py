@@ -192,5 +192,6 @@ def test_a_cancelled_run_is_named_with_its_checkpoint_and_resumed_in_place(tmp_p
     runs = _manifest(root)["runs"]
     assert [r["job_id"] for r in runs] == ["101", "103"] and runs[1]["previous_jobs"] == ["102"]
     assert runs[1]["results_dir"] == horovod["results_dir"] and runs[1]["log"] == "logs/horovod-n1-103.out"
+    assert f"--output={root}/logs/horovod-n1-%j.out" in runs[1]["sbatch"]  # not the cancelled job's log
     fake_slurm(tmp_path, monkeypatch, queue_state="RUNNING")
     assert _main("status", str(root)) == 3 and "orphaned" not in capsys.readouterr().out

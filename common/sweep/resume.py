@@ -96,5 +96,5 @@ def to_resume(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict
             raise SweepError(f"cell {run['cell']} was never submitted and this manifest (from before `planned`) has "
                              "no run of it to copy: submit it by hand")
         if not run.get("job_id") or str(run["job_id"]) in bad:
-            out.append(run)
+            out.append({**run, "log": f"logs/{run['name']}-%j.out"})  # its own log, not the failed job's
     return out
