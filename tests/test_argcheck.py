@@ -190,6 +190,7 @@ def test_sweep_dry_run_refuses_a_misspelt_argument_and_a_missing_directory(job_a
     assert _sweep(stream, tmp_path) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "dataset_args.data_dir" in err[0] and "does not exist here" in err[0], err
+    assert err[0].endswith("(or pass --skip-data-check if the data is only visible on compute nodes)"), err
     assert not (tmp_path / "sw").exists()
     # the data only on the compute nodes: --skip-data-check leaves the paths to them, the arguments are still checked
     assert _sweep(stream, tmp_path, "--skip-data-check") == 0

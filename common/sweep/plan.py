@@ -40,7 +40,8 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     job_path = Path(a.job).resolve()
     try:
         job = load_job(job_path, a.sets)
-        argcheck.refuse(job, cli.REPO, paths=not a.skip_data_check)  # the ranks start in the repository (--chdir)
+        argcheck.refuse(job, cli.REPO, paths=not a.skip_data_check,  # the ranks start in the repository (--chdir)
+                        path_hint=" (or pass --skip-data-check if the data is only visible on compute nodes)")
         from common.workload import data as data_mod
 
         if not a.skip_data_check and not data_mod.streams(job):  # an input function runs only in the ranks

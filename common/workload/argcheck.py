@@ -221,11 +221,15 @@ def missing_paths(job: Any, cwd: Path) -> list[str]:
     return out
 
 
-def refuse(job: Any, cwd: Path, *, paths: bool = True) -> None:
-    """JobError with the first argument problem (and, with ``paths``, the first missing path), else nothing."""
+def refuse(job: Any, cwd: Path, *, paths: bool = True, path_hint: str = "") -> None:
+    """JobError with the first argument problem (and, with ``paths``, the first missing path, followed by
+    ``path_hint``), else nothing."""
     try:
-        found = [*problems(job), *(missing_paths(job, cwd) if paths else [])]
+        found = problems(job)
     except usercode.UserCodeError as e:
         raise JobError(str(e)) from None
     if found:
         raise JobError(found[0])
+    missing = missing_paths(job, cwd) if paths else []
+    if missing:
+        raise JobError(missing[0] + path_hint)
