@@ -16,10 +16,14 @@ on the per-step losses (largest relative difference; they must agree to ``RTOL``
 variable's L2 norm) and, when the job evaluates, the validation numbers of every evaluation (within ``RTOL``).
 An input function's runs (the record's ``input.pipeline``) also compare each rank's fingerprint of its first batches
 at equal workers ("saw different data"), warn when every rank of a run got the same ones (no sharding), and skip
-1 worker x 2b against 2 workers x b: the function shards its own data, so the world size changes the batches.
+1 worker x 2b against 2 workers x b: the function shards its own data, so the world size changes the batches. Every
+pair left out is listed ("not compared: ..." and why).
 
 Exit 0 when every pair agrees; 1 naming the first pair and step that differ (both values), or a run that failed
-(with its stderr's tail); 2, one line, for bad input, before any run. This is how a user finds out that a model
+(with its stderr's tail); 5 (``EXIT_UNSHARDED``, named in its line) when the pairs agree but an input function gave
+every rank of a run the same first batches: every worker trained on the same data, not a clean pass; 2, one line,
+for bad input (a job key, an argument the user's function has no parameter for, a missing path:
+common.workload.argcheck), before any run. This is how a user finds out that a model
 does something rank-dependent (a per-rank seed, a data order that depends on the rank, a layer that reads the
 rank) before publishing a comparison. ``--results DIR`` keeps the runs (default: a temporary directory, removed).
 No TensorFlow in this process.
@@ -45,6 +49,7 @@ from common.core import registry
 from common.core.errors import fail
 from common.core.results import EVALUATION_META
 from common.core.text import text_table
+from common.workload import argcheck
 from common.workload.job import MODES, JobError, load_job
 
 PROG = "common.check"
@@ -53,6 +58,7 @@ RTOL = 1e-5  # the parity tests' tolerance (float32 reductions in another order)
 DEFAULT_STEPS = 20
 RUN_TIMEOUT = 900.0  # seconds for one run
 TAIL_LINES = 25  # lines of a failed run's stderr shown
+EXIT_UNSHARDED = 5  # every pair agrees, but an input function gave every rank of a run the same first batches
 
 
 class RunKey(NamedTuple):
@@ -162,13 +168,8 @@ def compare_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
 
 def same_batch_warnings(records: Mapping[RunKey, Mapping[str, Any]]) -> list[str]:
     """A warning per run whose ranks all got the same first batches: an input function that does not shard."""
-    out = []
-    for key, r in records.items():
-        f = fingerprints(r)
-        if f and len(f) > 1 and len(set(f)) == 1:
-            out.append(f"[check] warning: {key.text()}: every rank got the same first batches: does the input "
-                       "function shard by input_context.input_pipeline_id?")
-    return out
+    return [f"[check] warning: {key.text()}: every rank got the same first batches: does the input function shard "
+            "by input_context.input_pipeline_id?" for key in unsharded(records)]
 
 
 def pairs(keys: Sequence[RunKey]) -> list[tuple[str, RunKey, RunKey]]:
@@ -197,14 +198,37 @@ def pairs(keys: Sequence[RunKey]) -> list[tuple[str, RunKey, RunKey]]:
     return out
 
 
+def skip_reason(ka: RunKey, kb: RunKey, records: Mapping[RunKey, Mapping[str, Any]], across_sizes: bool = True,
+                note: str = "") -> str | None:
+    """Why the pair (ka, kb) is not compared, or None: an input function's runs at two world sizes (it shards its
+    own data: another world size, other batches; docs/jobs.md), or ``across_sizes`` False (``note`` says why)."""
+    if ka.workers == kb.workers:
+        return None
+    if fingerprints(records[ka]) or fingerprints(records[kb]):
+        return "an input function shards its own data, so 2 workers read other batches than 1"
+    return None if across_sizes else note or "left out"
+
+
+def skipped(records: Mapping[RunKey, Mapping[str, Any]], *, across_sizes: bool = True, note: str = "") -> list[str]:
+    """A line per pair the runs allow that ``compare`` leaves out, naming it and why."""
+    return [f"[check] not compared: {ka.backend} {ka.mode}, 1 worker vs 2 workers: {why}"
+            for _, ka, kb in pairs(list(records)) if (why := skip_reason(ka, kb, records, across_sizes, note))]
+
+
+def unsharded(records: Mapping[RunKey, Mapping[str, Any]]) -> list[RunKey]:
+    """The runs whose ranks all got the same first batches: an input function that does not shard."""
+    return [k for k, r in records.items() if (f := fingerprints(r)) and len(f) > 1 and len(set(f)) == 1]
+
+
 def compare(records: Mapping[RunKey, Mapping[str, Any]], rtol: float = RTOL, *,
             across_sizes: bool = True) -> list[Row]:
-    """One Row per pair the records allow (``pairs``); ``across_sizes`` False leaves out 1 worker vs 2 workers."""
+    """One Row per pair the records allow (``pairs``) but those ``skip_reason`` leaves out; ``across_sizes``
+    False leaves out 1 worker vs 2 workers."""
     rows = []
     for label, ka, kb in pairs(list(records)):
         a, b = records[ka], records[kb]
-        if ka.workers != kb.workers and (not across_sizes or fingerprints(a) or fingerprints(b)):
-            continue  # an input function shards its own data: another world size, other batches (docs/jobs.md)
+        if skip_reason(ka, kb, records, across_sizes):
+            continue
         max_rel, loss_diff = compare_losses(a.get("step_losses") or [], b.get("step_losses") or [], rtol)
         weights, weights_diff = compare_weights(a.get("trainable_weights_fingerprint"),
                                                 b.get("trainable_weights_fingerprint"), rtol)
@@ -225,13 +249,22 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(text_table([header, *body], rule=True))
 
 
-def verdict(rows: Sequence[Row]) -> tuple[int, str]:
-    """(exit status, the line that says it)."""
+def verdict(rows: Sequence[Row], same_data: Sequence[RunKey] = (), not_compared: int = 0) -> tuple[int, str]:
+    """(exit status, the line that says it): 1 on the first pair that differs; else EXIT_UNSHARDED when runs in
+    ``same_data`` gave every rank the same first batches (each worker trained on the same data: not a data-parallel
+    job, whatever the pairs say); else 0, saying how many pairs were ``not_compared``."""
     for r in rows:
         problem = r.first_problem()
         if problem:
             return 1, f"DIFFERS: {problem} (tolerance {RTOL:g})"
-    return 0, f"all {len(rows)} pairs agree to {RTOL:g}"
+    if same_data:
+        return EXIT_UNSHARDED, (f"NOT CLEAN (exit {EXIT_UNSHARDED}): every rank got the same first batches in "
+                                f"{', '.join(k.text() for k in same_data)}: the input function does not shard by "
+                                "input_context.input_pipeline_id, so every worker trained on the same data (the "
+                                f"{len(rows)} pairs agree, but not as a data-parallel job)")
+    left = f"; {not_compared} not compared (listed above)" if not_compared else ""
+    agree = f"all {len(rows)} pairs agree" if len(rows) != 1 else "the 1 pair agrees"
+    return 0, f"{agree} to {RTOL:g}{left}"
 
 
 # -- the runs -------------------------------------------------------------------------------------------------------
@@ -285,6 +318,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     sets = (*args.sets, f"steps={args.steps}")
     try:
         job = load_job(args.job, sets)
+        argcheck.refuse(job, REPO)  # every run starts in the repository
         # Keras 3 runs the custom loop only (common.workload.job): its check compares what can run
         modes = _csv(args.modes or ("ctl" if job.keras == 3 else ",".join(MODES)), MODES, "modes")
         if job.keras == 3 and "fit" in modes:
@@ -303,8 +337,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         fail(PROG, str(e))
     keys = tuple(RunKey(k, m, w) for m in modes for w in (1, 2) for k in kinds)
     # Horovod's warm-up rule (common/training/objective.py) ramps from lr / workers: 1 worker starts at the full LR
-    note = f"warmup_epochs = {job.warmup_epochs} ramps the LR from its value / workers, so 1 worker x 2b vs " \
-           "2 workers x b is not compared" if job.warmup_epochs else ""
+    note = f"warmup_epochs = {job.warmup_epochs} ramps the LR from its value / workers, so 1 worker starts at " \
+           "another LR than 2" if job.warmup_epochs else ""
     return Plan(str(Path(args.job).resolve()), sets, job.per_replica_batch_size, keys,
                 job.scaled_learning_rate(2) if job.lr_scaling == "linear" else None, note)
 
@@ -364,10 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.results:
             shutil.rmtree(root, ignore_errors=True)
-    rows = compare(records, across_sizes=not plan.world_size_note)
-    notes = [f"[check] note: {plan.world_size_note}"] if plan.world_size_note else []
-    print("\n".join([*same_batch_warnings(records), *notes, format_table(rows)]))
-    status, line = verdict(rows)
+    across = not plan.world_size_note
+    rows = compare(records, across_sizes=across)
+    left_out = skipped(records, across_sizes=across, note=plan.world_size_note)
+    print("\n".join([*same_batch_warnings(records), *left_out, format_table(rows)]))
+    status, line = verdict(rows, unsharded(records), len(left_out))
     print(line, file=sys.stderr if status else sys.stdout)
     if args.results:
         print(f"[check] runs kept in {root}")

@@ -12,6 +12,13 @@ and the training run of the same size (the breakdown serializes the phases, the 
 Any stated parameter overrides the measured one. Without ``--from``, ``--step-ms``, ``--grad-bytes`` and
 ``--link-gbits`` are required.
 
+How far to trust it: the link fit is robust to a disturbed message size (Theil-Sen, common.diagnostics.scaling) and
+each table says how well it fits the measured sizes. When a measured input comes from runs without a GPU, or the
+benchmark's ranks shared one host (a loopback link), the FIRST line says so: such inputs predict nothing about
+GPUs; state the links. With a stated link, each backend keeps what it measured of itself: its overlap, and the share
+of the measured wire (the benchmark's point-to-point probe, ``link``) its collective reached, applied to the stated
+link (without a probe, the stated link as is, said).
+
 Prints, per backend, predicted step time, allreduce time, throughput (images/s with a per-GPU batch: ``--batch``,
 or the job's) and efficiency = compute / step, all labelled MODEL: a ring allreduce, hierarchical when
 ``--gpus-per-node`` > 1 (reduce-scatter and allgather inside a node over the intra-node link, ring across nodes
@@ -28,6 +35,7 @@ from typing import NoReturn
 
 from common import cli
 from common.core.errors import fail as _fail
+from common.core.records import AllreduceRecord
 from common.core.text import text_table
 from common.diagnostics import scaling
 from common.report.base import ReportError
@@ -56,6 +64,7 @@ class Plan:
     overlap: float
     batch: int | None
     sources: list[str]
+    caveats: tuple[str, ...] = ()  # measured inputs that say nothing about GPUs ("CPU-only runs", "a loopback link")
 
 
 def fail(message: str) -> NoReturn:
@@ -93,11 +102,18 @@ def _check(a: argparse.Namespace) -> None:
             raise PlanError(f"without --from DIR, give {', '.join(missing)} (see --help)")
 
 
-def _links(a: argparse.Namespace, fit: scaling.LinkFit | None, src: list[str]) -> tuple[scaling.LinkFit,
-                                                                                       scaling.LinkFit | None]:
-    """The inter-node link (stated parameters over the fit) and the intra-node one (None: the inter link)."""
+def _links(a: argparse.Namespace, fit: scaling.LinkFit | None, src: list[str],
+           share: float | None = None) -> tuple[scaling.LinkFit, scaling.LinkFit | None]:
+    """The inter-node link (stated parameters over the fit) and the intra-node one (None: the inter link);
+    ``share``: the fraction of the measured wire the backend's collective reached, kept on a stated link."""
     if fit is None or a.link_gbits is not None or a.latency_us is not None:
         bw = a.link_gbits * 1e9 / 8 if a.link_gbits is not None else fit.bus_bandwidth
+        if a.link_gbits is not None and share is not None:
+            bw *= share
+            src.append(f"stated link x {share:.2f}: the share of the measured wire this backend's allreduce reached")
+        elif a.link_gbits is not None and fit is not None:
+            src.append("stated link as is: no measured wire (point-to-point probe) to say what share of it this "
+                       "backend's allreduce reaches")
         lat = a.latency_us * 1e-6 if a.latency_us is not None else (fit.alpha_hop if fit else 0.0)
         if a.latency_us is None and fit is None:
             src.append("inter-node hop latency 0 assumed (no --latency-us)")
@@ -132,6 +148,28 @@ def _measured_overlap(d: str, s: JobSummary, backend: str) -> tuple[float, str]:
     return 0.0, "overlap 0 assumed: no breakdown record (--diagnose breakdown) with a training run of its size"
 
 
+def _caveats(a: argparse.Namespace, s: JobSummary, backend: str, bench: AllreduceRecord) -> tuple[str, ...]:
+    """Which measured inputs (those not stated) came from where a GPU cluster's figures cannot: runs without a GPU
+    (every device of the 1-replica runs a CPU) or a benchmark whose ranks shared one host (loopback)."""
+    out = []
+    devices = [str(d) for r in s.records if r.backend == backend and r.world_size == 1 for d in (r.devices or [])]
+    if a.step_ms is None and devices and not any("GPU" in d.upper() for d in devices):
+        out.append("CPU-only runs")
+    if a.link_gbits is None and bench.hosts and len(set(bench.hosts)) == 1:
+        out.append(f"a loopback link (the benchmark's {bench.world_size} ranks on one host)")
+    return tuple(out)
+
+
+def warning(plans: list[Plan]) -> str | None:
+    """The planner's first line when measured inputs came from CPU-only runs or a loopback link."""
+    found = list(dict.fromkeys(c for p in plans for c in p.caveats))
+    if not found:
+        return None
+    return (f"WARNING: measured on {' and over '.join(found)}: this predicts nothing about GPUs; state the links "
+            "(--link-gbits, --latency-us, --gpus-per-node with --intra-gbits) and the compute (--step-ms) of the "
+            "machine you plan for")
+
+
 def _from_dir(a: argparse.Namespace) -> list[Plan]:
     try:
         summaries = summarize(load_runs(a.from_dir, warn=lambda m: None))
@@ -151,10 +189,15 @@ def _from_dir(a: argparse.Namespace) -> list[Plan]:
         if isinstance(m, str):
             why.append(f"{backend}: {m}")
             continue
+        bench = next(b for b in reversed(benches) if b.backend == backend and b.world_size >= 2)  # model_inputs'
         src = [f"compute {m.t_compute * 1e3:.2f} ms (1-replica median step), gradient bytes {int(m.grad_bytes):,}, "
                f"link fitted from the {m.bench_world_size}-rank allreduce benchmark (bus bandwidth "
-               f"{m.fit.bus_bandwidth / 1e9:.3f} GB/s, {m.fit.alpha_hop * 1e6:.2f} us per hop)"]
-        inter, intra = _links(a, m.fit, src)
+               f"{m.fit.bus_bandwidth / 1e9:.3f} GB/s, {m.fit.alpha_hop * 1e6:.2f} us per hop): "
+               f"{scaling.fit_quality(m.fit, bench.rows)}"]
+        wire = (bench.link or {}).get("bytes_per_s")
+        share = min(m.fit.bus_bandwidth / wire, 1.0) if wire else None
+        inter, intra = _links(a, m.fit, src, share)
+        caveats = _caveats(a, s, backend, bench)
         if a.overlap is not None:
             overlap = a.overlap
         else:
@@ -164,7 +207,7 @@ def _from_dir(a: argparse.Namespace) -> list[Plan]:
         grad = a.grad_bytes if a.grad_bytes is not None else m.grad_bytes
         batch = a.batch or s.job.get("per_replica_batch_size")
         plans.append(Plan(f"{backend} ({s.name}, {s.job_hash})", tc, grad, inter, intra, a.gpus_per_node, overlap,
-                          batch, src))
+                          batch, src, caveats))
     if not plans:
         raise PlanError(f"--from {a.from_dir}: " + "; ".join(why or [f"no backend {a.backend!r}"]))
     return plans
@@ -219,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         _check(a)
         sizes = parse_sizes(a.sizes)
         plans = _from_dir(a) if a.from_dir else [_stated(a)]
-        out: list[str] = []
+        first = warning(plans)
+        out: list[str] = [first] if first else []
         for p in plans:
             out += [*table(p, sizes), ""]
     except (PlanError, ValueError) as e:

@@ -1,6 +1,7 @@
 """``python -m common.check``: the pair-by-pair comparison on synthetic records (no TensorFlow: agreeing and
-diverging runs), bad input (exit 2 before any run). The real check, of the example job on every backend, mode and
-world size, and of a rank-dependent model (exit 1), is in tests/test_usercode_parity.py."""
+diverging runs), the whole command (``main``) against fakes of its runs (what it prints, what it leaves out and why,
+its exit status), bad input (exit 2 before any run), and one real call (2 runs). The real check of the example job
+on every backend, mode and world size, and of a rank-dependent model (exit 1), is in tests/test_usercode_parity.py."""
 
 from __future__ import annotations
 
@@ -145,3 +146,81 @@ def test_a_warmup_leaves_out_the_world_size_pair_and_says_why():
     assert "warmup_epochs = 1" in plan.world_size_note
     rows = check.compare(all_runs(), across_sizes=False)
     assert rows and all(r.a.workers == r.b.workers for r in rows) and len(rows) == 8
+
+
+# -- the whole command against fakes of its runs (no TensorFlow, no process) ----------------------------------------
+def fake_runs(monkeypatch, make=lambda key: record()) -> list[RunKey]:
+    """check.run_one replaced: each run's record is ``make(key)`` (None: the run failed); returns the keys run."""
+    ran = []
+
+    def run_one(plan, key, out, timeout):
+        ran.append(key)
+        rec = make(key)
+        return (rec, "") if rec is not None else (None, f"{key.text()} failed (exit 1): cmd\nTraceback: boom")
+
+    monkeypatch.setattr(check, "run_one", run_one)
+    return ran
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    code = check.main(["--job", SMOKE, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def piped(*prints: str) -> dict:
+    """A record of an input function's run: each rank's fingerprint of its first batches."""
+    return record(input={"pipeline": {"per_rank": [{"fingerprint": f} for f in prints]}})
+
+
+def test_main_runs_every_configuration_once_and_agrees(monkeypatch, capsys):
+    ran = fake_runs(monkeypatch)
+    code, out, err = _main(capsys)
+    assert code == 0 and err == ""
+    assert len(ran) == len(set(ran)) == 8 and out.count("[check] run ") == 8
+    assert out.strip().splitlines()[-1] == "all 12 pairs agree to 1e-05" and "not compared" not in out
+
+
+def test_main_names_every_pair_it_leaves_out_and_why(monkeypatch, capsys):
+    """An input function (fingerprints in the records): 1 worker vs 2 workers is left out per backend, each named."""
+    fake_runs(monkeypatch, lambda k: piped("x") if k.workers == 1 else piped("a", "b"))
+    code, out, _ = _main(capsys, "--modes", "ctl")
+    skipped = [ln for ln in out.splitlines() if ln.startswith("[check] not compared")]
+    assert skipped == [f"[check] not compared: {b} ctl, 1 worker vs 2 workers: an input function shards its own "
+                       "data, so 2 workers read other batches than 1" for b in ("native", "horovod")]
+    assert code == 0 and out.strip().splitlines()[-1] == "all 2 pairs agree to 1e-05; 2 not compared (listed above)"
+    fake_runs(monkeypatch)
+    code, out, _ = _main(capsys, "--modes", "fit", "--set", "warmup_epochs=1")
+    assert code == 0 and out.count("[check] not compared") == 2 and "warmup_epochs = 1 ramps the LR" in out
+
+
+def test_an_unsharded_input_function_is_not_a_clean_pass(monkeypatch, capsys):
+    """Every rank of the 2-worker runs got the same first batches: the pairs agree, the exit status is its own."""
+    fake_runs(monkeypatch, lambda k: piped("x") if k.workers == 1 else piped("a", "a"))
+    code, out, err = _main(capsys, "--modes", "ctl")
+    assert code == check.EXIT_UNSHARDED == 5
+    assert out.count("every rank got the same first batches: does the input function shard") == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("NOT CLEAN (exit 5): every rank got the same first batches in native ctl 2 workers, "
+                           "horovod ctl 2 workers: the input function does not shard"), line
+    # a difference says more than the missing sharding: exit 1 names it
+    fake_runs(monkeypatch, lambda k: piped("a", "a") if k != RunKey("horovod", "ctl", 2) else piped("b", "b"))
+    code, _, err = _main(capsys, "--modes", "ctl")
+    assert code == 1 and "saw different data" in err
+
+
+def test_a_failed_run_stops_the_check_with_its_tail(monkeypatch, capsys):
+    ran = fake_runs(monkeypatch, lambda k: None if k == RunKey("horovod", "fit", 2) else record())
+    with pytest.raises(SystemExit) as e:
+        check.main(["--job", SMOKE])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and ran[-1] == RunKey("horovod", "fit", 2) and len(ran) == 4
+    assert "FAILED" in out and "horovod fit 2 workers failed (exit 1)" in err and "Traceback: boom" in err
+
+
+@pytest.mark.distributed
+def test_one_real_check_of_the_smoke_job():
+    """The one real call: native's custom loop at 1 worker x 2b and 2 workers x b, through its own launcher."""
+    proc = _check("--job", SMOKE, "--backends", "native", "--modes", "ctl", "--steps", "6", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.count("[check] run ") == 2 and "the 1 pair agrees to 1e-05" in proc.stdout

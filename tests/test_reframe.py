@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,8 @@ def local_session(cluster, tmp_path_factory) -> tuple[Path, subprocess.Completed
         pytest.fail("no squeue next to slurmctld")
     prefix = tmp_path_factory.mktemp("rfm-local")
     proc = run([exe, "-C", str(SETTINGS), "-c", str(CHECK), "--prefix", str(prefix / "rfm"),
-                "--report-file", str(prefix / "report.json"), "-S", "cpus_per_task=2", "-r", "--performance-report"],
+                "--report-file", str(prefix / "report.json"), "-S", "cpus_per_task=2", "-S", "repeats=1", "-r",
+                "--performance-report"],
                env=cluster.env(), timeout=RFM_TIMEOUT, check=False)
     return prefix, proc
 
@@ -149,7 +151,9 @@ def test_references_come_from_the_baseline_directory(cluster, local_session, tmp
     """At 1 x 1 against a baseline of the first session's results JSONs, native's throughput divided by 1000 there:
     each run's reference is its backend's median in the baseline, and both pass (native is far above its deflated
     figure; Horovod within 90 % of its own); the ratio's reference is the ratio of the medians, 1000x the measured
-    one, and fails: reframe exits non-zero, the parity test failing in its performance stage only."""
+    one, and fails: reframe exits non-zero, the parity test failing in its performance stage only. Each test runs its
+    backend twice (``-S repeats=2``) with job overrides given as ReFrame splits them (``-S sets=...``,
+    ``-S backend_args=--set,...``): the figures are the medians of the two runs."""
     prefix, first = local_session
     assert first.returncode == 0, first.stdout[-3000:]
     base = tmp_path / "baseline"
@@ -162,10 +166,20 @@ def test_references_come_from_the_baseline_directory(cluster, local_session, tmp
     found = baseline.baseline_records(base)
     proc = run([_reframe(), "-C", str(SETTINGS), "-c", str(CHECK), "--prefix", str(tmp_path / "rfm"),
                 "--report-file", str(tmp_path / "report.json"), "-S", "cpus_per_task=2", "-S", "num_tasks_per_node=1",
-                "-S", f"baseline={base}", "-S", "reference_tolerance=0.9", "-r"],
+                "-S", f"baseline={base}", "-S", "reference_tolerance=0.9", "-S", "repeats=2",
+                "-S", "sets=name=rfm-smoke,steps=12", "-S", "backend_args=--set,sync_every_steps=25", "-r"],
                env=cluster.env(), timeout=RFM_TIMEOUT, check=False)
     assert proc.returncode != 0, proc.stdout[-3000:]
     _, cases = _session(tmp_path / "report.json")
+    # two runs per test, each with the overrides (name is not hashed, the others are the job's own values); read in
+    # the stage directories: ReFrame moves a test's files to its output only once its dependents passed
+    mine = _records(tmp_path / "rfm" / "stage")
+    assert sorted(r["backend"] for r in mine) == sorted(BACKENDS * 2), [r["_path"] for r in mine]
+    assert {r["job"]["name"] for r in mine} == {"rfm-smoke"} and {r["job_hash"] for r in mine} == {load_job(
+        SMOKE).job_hash}
+    for out in (tmp_path / "rfm" / "stage").rglob("rfm_job.out"):
+        if "TwinbenchCheck" in str(out):
+            assert out.read_text().count("[reframe] twinbench exit status 0") == 2, out
     by = {c.get("backend") or "parity": c for c in cases}
     assert set(by) == {*BACKENDS, "parity"}, [c["display_name"] for c in cases]
     job_hash = load_job(SMOKE).job_hash
@@ -177,6 +191,9 @@ def test_references_come_from_the_baseline_directory(cluster, local_session, tmp
         assert by[b]["result"] == "pass", by[b].get("fail_reason")
     native, *others = BACKENDS
     parity = _perf(by["parity"])
+    for b in BACKENDS:  # the parity test's figure: the median of the backend's two runs
+        assert parity[f"{b}_img_s"][0] == pytest.approx(statistics.median(
+            r["images_per_sec"] for r in mine if r["backend"] == b), rel=1e-3)
     for b in others:
         ratio = parity[f"{b}_{native}_ratio"]
         assert ratio[1:4] == [pytest.approx(medians[b] / medians[native]), -0.9, 0.9] and ratio[5] == "fail", ratio
@@ -196,7 +213,8 @@ def test_reframe_on_the_emulated_cluster_two_nodes_one_task_each(emu, tmp_path):
     prefix = tmp_path / "rfm"
     proc = emu.run("login", _reframe(), "-C", str(SETTINGS), "--system", "twinbench-emulated:debug", "-c", str(CHECK),
                    "--prefix", str(prefix), "--report-file", str(tmp_path / "report.json"), "-S", "num_nodes=2",
-                   "-S", "num_tasks_per_node=1", "-S", "cpus_per_task=1", "-r", "--performance-report",
+                   "-S", "num_tasks_per_node=1", "-S", "cpus_per_task=1", "-S", "repeats=1", "-r",
+                   "--performance-report",
                    timeout=RFM_TIMEOUT, check=False)
     assert proc.returncode == 0, f"reframe exited {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     data, cases = _session(tmp_path / "report.json")

@@ -84,3 +84,23 @@ def test_run_record_takes_the_newest(tmp_path):
 def test_missing_baseline_directory_is_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"^baseline=.*nope: no such directory \(give the results directory"):
         baseline.baseline_records(tmp_path / "nope")
+
+
+# -- the tolerance a baseline supports ------------------------------------------------------------------------------
+def test_median_ranks_are_the_reports():
+    """The same order-statistic interval as the report's (scipy there, exact binomial sums here)."""
+    from common.report.stats import median_ranks
+
+    for n in range(1, 61):
+        assert baseline.median_ranks(n) == median_ranks(n), n
+    assert baseline.median_ranks(5) is None and baseline.median_ranks(6) == (1, 6)
+
+
+def test_the_tolerance_is_the_baselines_interval():
+    runs = [100.0, 98.0, 97.0, 102.0, 101.0, 99.0]  # 6 runs: the interval is [min, max] = [97, 102], median 99.5
+    assert baseline.interval_tolerance(runs) == pytest.approx(2.5 / 99.5)
+    assert baseline.spread(runs) == pytest.approx(2.5 / 99.5)  # max(99.5 - 97, 102 - 99.5)
+    assert baseline.interval_tolerance(runs[:5]) is None and baseline.spread(runs[:5]) is None  # no interval
+    assert baseline.interval_tolerance([100.0] * 8) == baseline.MIN_TOLERANCE  # never tighter than 1%
+    noisy = [100.0, 60.0, 101.0, 99.0, 100.5, 99.5, 100.2]  # one disturbed run of 7: j = 1, the minimum
+    assert baseline.interval_tolerance(noisy) == pytest.approx(40 / 100)  # median 100: a 7-run baseline is wide

@@ -147,3 +147,81 @@ def test_planner_from_dir_estimates_overlap_from_a_breakdown(tmp_path, capsys):
     assert "overlap 0.50 estimated from the 2-replica breakdown" in out  # (19 - 15) / min(10, 8) = 0.5
     # 8 GPUs: comm 14.70 ms, compute 10 ms: 24.70 - 0.5 x 10 = 19.70 ms
     assert _step_ms(out, 8) == pytest.approx(19.70)
+
+
+# -- how far to trust it: a robust fit, its quality, and where the inputs came from --------------------------------
+# A 2-rank benchmark of a CPU loopback with the disturbed size of issue 39: 64 KiB took 19.3 ms, 1 MiB 5.4 ms; the
+# other sizes lie on 1 ms + bytes / 0.25 GB/s (with 1 MiB measured 4% above that line)
+NOISY = {4096: 1.016e-3, 16384: 1.066e-3, 65536: 19.3e-3, 262144: 2.049e-3, 1 << 20: 5.4e-3, 4 << 20: 17.78e-3,
+         16 << 20: 68.11e-3, 64 << 20: 269.4e-3}
+
+
+def _rows(times: dict[int, float]) -> list[dict]:
+    return [{"bytes": b, "time_median": t, "time_p95": t, "algbw_GBps": b / t / 1e9, "busbw_GBps": b / t / 1e9}
+            for b, t in times.items()]
+
+
+def _least_squares(rows: list[dict]) -> tuple[float, float]:
+    """(alpha, beta) by ordinary least squares: what the fit was before it was robust."""
+    pts = [(r["bytes"], r["time_median"]) for r in rows]
+    mx, my = sum(b for b, _ in pts) / len(pts), sum(t for _, t in pts) / len(pts)
+    beta = sum((b - mx) * (t - my) for b, t in pts) / sum((b - mx) ** 2 for b, _ in pts)
+    return my - beta * mx, beta
+
+
+def test_one_disturbed_size_moves_the_robust_fit_little():
+    rows = _rows(NOISY)
+    fit = fit_alpha_beta(rows, 2)
+    assert fit.alpha == pytest.approx(1e-3, rel=0.1) and fit.bus_bandwidth == pytest.approx(0.25e9, rel=0.02)
+    alpha_ls, _ = _least_squares(rows)
+    assert alpha_ls > 2.5 * fit.alpha  # least squares carries the 64 KiB outlier into the latency
+    from common.diagnostics.scaling import fit_quality
+
+    said = fit_quality(fit, rows)
+    assert said.startswith("the line fits the 8 measured sizes within ") and "worst 64 KiB: 19.30 ms measured" in said
+    assert fit_quality(fit_alpha_beta(_rows({4096: 1e-3, 1 << 20: 5e-3}), 2), _rows({4096: 1e-3, 1 << 20: 5e-3})) \
+        .startswith("the line fits the 2 measured sizes within 0.0%")
+
+
+def _noisy_dir(tmp_path, hosts: list[str], devices: str, link: float | None = None):
+    from tests.test_report import make_run, put
+    from tests.test_report_model import GRAD
+
+    d = tmp_path / "noisy"
+    for backend, share in (("native", 1.0), ("horovod", 0.5)):  # horovod's collective: half native's bandwidth
+        for ws, ips in ((1, 100.0), (2, 150.0)):
+            put(d, make_run(backend, ws, ips, step=(0.010, 0.012), gradient_bytes=GRAD, devices=[devices] * ws))
+        times = {b: 1e-3 + b / (0.25e9 * share) for b in NOISY} | ({65536: 19.3e-3} if backend == "horovod" else {})
+        put(d, {"schema": 2, "kind": "allreduce", "backend": backend, "world_size": 2, "num_workers": 2,
+                "rows": _rows(times), "hosts": hosts, "run_id": f"ar-{backend}",
+                **({"link": {"bytes_per_s": link}} if link else {})}, name=f"allreduce-{backend}.json")
+    return d
+
+
+def test_planner_warns_first_on_cpu_runs_and_a_loopback_link_and_prints_the_fit(tmp_path, capsys):
+    out = _plan(capsys, ["--from", str(_noisy_dir(tmp_path, ["vm", "vm"], "cpu")), "--sizes", "8"])
+    first = out.splitlines()[0]
+    assert first.startswith("WARNING: measured on CPU-only runs and over a loopback link (the benchmark's 2 ranks on "
+                            "one host): this predicts nothing about GPUs; state the links"), first
+    assert out.count("WARNING") == 1 and "worst 64 KiB: 19.30 ms measured" in out
+    # measured on GPUs across two hosts: no warning
+    out = _plan(capsys, ["--from", str(_noisy_dir(tmp_path / "g", ["n1", "n2"], "/physical_device:GPU:0")),
+                         "--sizes", "8"])
+    assert "WARNING" not in out and out.startswith("MODEL (predicted, not measured)")
+    # stated compute and link: nothing measured is used where it says nothing, so no warning either
+    out = _plan(capsys, ["--from", str(_noisy_dir(tmp_path / "s", ["vm", "vm"], "cpu")), "--step-ms", "100",
+                         "--link-gbits", "100", "--sizes", "8"])
+    assert "WARNING" not in out
+
+
+def test_with_a_stated_link_each_backend_keeps_its_share_of_the_measured_wire(tmp_path, capsys):
+    """native's allreduce reached all of the probed wire (0.25 GB/s), horovod's half: on a stated 100 Gbit/s link
+    native gets 100 and horovod 50, not both the same 100."""
+    out = _plan(capsys, ["--from", str(_noisy_dir(tmp_path, ["n1", "n2"], "/physical_device:GPU:0", link=0.25e9)),
+                         "--link-gbits", "100", "--sizes", "8"])
+    native, horovod = out.split("MODEL (predicted, not measured): ")[1:]
+    assert native.startswith("native") and "inter-node 100.0 Gbit/s" in native and "stated link x 1.00" in native
+    assert horovod.startswith("horovod") and "inter-node 50.0 Gbit/s" in horovod and "stated link x 0.50" in horovod
+    out = _plan(capsys, ["--from", str(_noisy_dir(tmp_path / "n", ["n1", "n2"], "/physical_device:GPU:0")),
+                         "--link-gbits", "100", "--sizes", "8"])
+    assert out.count("stated link as is: no measured wire") == 2

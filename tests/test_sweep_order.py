@@ -91,7 +91,7 @@ def test_status_counts_per_cell(tmp_path, capsys):
             (root / r["results_dir"] / "run.json").write_text("{}")
     cli.main(["status", str(root), "--json"])
     cells = json.loads(capsys.readouterr().out)["cells"]
-    assert cells["native-n1"] == {"done": 2, "failed": 0, "pending": 0, "of": 2}
+    assert cells["native-n1"] == {"done": 2, "failed": 0, "pending": 0, "unsubmitted": 0, "of": 2}
     assert cells["horovod-n2"]["done"] == 1 and cells["horovod-n2"]["of"] == 2
     cli.main(["status", str(root)])
     assert "native-n1   done 2/2, failed 0, pending 0" in capsys.readouterr().out

@@ -1,9 +1,12 @@
 """A first-order scaling model (no TensorFlow): compute time from a 1-worker run, communication from the
 allreduce microbenchmark, ring allreduce bound for the gradient bytes.
 
-- Fit ``time = alpha + beta * bytes`` to the microbenchmark measured at ``n_fit`` ranks (least squares on the
-  medians). With a ring, ``beta = 2(n-1)/n / B`` where ``B`` is the bus (per-link) bandwidth, and the latency
-  term is ``2(n-1)`` hops, so ``alpha_hop = alpha / (2(n_fit-1))``.
+- Fit ``time = alpha + beta * bytes`` to the microbenchmark measured at ``n_fit`` ranks: a Theil-Sen line through
+  the per-size medians (scipy.stats.theilslopes: the median of the pairwise slopes, the intercept the median of
+  ``time - beta * bytes``), so one disturbed size (a 64 KiB message slower than a 1 MiB one) moves it little where
+  least squares would carry it; with two sizes it is the line through both. ``fit_quality`` says how well the
+  line fits the measured points. With a ring, ``beta = 2(n-1)/n / B`` where ``B`` is the bus (per-link)
+  bandwidth, and the latency term is ``2(n-1)`` hops, so ``alpha_hop = alpha / (2(n_fit-1))``.
 - Predicted step time at N workers: ``t_compute + 2(N-1) * alpha_hop + 2(N-1)/N * S / B`` with ``S`` the
   gradient bytes allreduced per step. No overlap of communication with the backward pass is assumed, so this is
   an upper bound on step time (a lower bound on efficiency) for one-GPU-per-worker data parallelism.
@@ -35,21 +38,38 @@ class LinkFit:
         return self.alpha / (2 * (self.n_fit - 1))
 
 
+def _points(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    return [(float(r["bytes"]), float(r["time_median"])) for r in rows if r.get("time_median")]
+
+
 def fit_alpha_beta(rows: list[dict[str, Any]], n_fit: int) -> LinkFit | None:
-    """Least-squares fit of time_median = alpha + beta * bytes; None when it cannot be fitted (< 2 sizes, 1 rank,
-    or a non-positive slope)."""
-    pts = [(float(r["bytes"]), float(r["time_median"])) for r in rows if r.get("time_median")]
+    """Theil-Sen fit of time_median = alpha + beta * bytes (robust to a disturbed size); None when it cannot be
+    fitted (< 2 sizes, 1 rank, or a non-positive slope)."""
+    from scipy.stats import theilslopes
+
+    pts = _points(rows)
     if n_fit < 2 or len({b for b, _ in pts}) < 2:
         return None
-    n = len(pts)
-    mx = sum(b for b, _ in pts) / n
-    my = sum(t for _, t in pts) / n
-    sxx = sum((b - mx) ** 2 for b, _ in pts)
-    beta = sum((b - mx) * (t - my) for b, t in pts) / sxx
-    alpha = max(my - beta * mx, 0.0)
-    if beta <= 0:
+    xs, ys = [b for b, _ in pts], [t for _, t in pts]
+    beta, intercept, _, _ = theilslopes(ys, xs, method="joint")
+    beta = float(beta)
+    if not beta > 0:
         return None
+    alpha = max(float(intercept), 0.0)
     return LinkFit(n_fit=n_fit, alpha=alpha, beta=beta, bus_bandwidth=2 * (n_fit - 1) / n_fit / beta)
+
+
+def fit_quality(fit: LinkFit, rows: list[dict[str, Any]]) -> str:
+    """How well ``fit`` fits the benchmark's measured sizes: the median relative error and the worst point."""
+    errs = sorted(((t - (fit.alpha + fit.beta * b)) / t, b, t) for b, t in _points(rows) if t > 0)
+    if not errs:
+        return "no measured point to compare the fit with"
+    worst = max(errs, key=lambda e: abs(e[0]))
+    med = sorted(abs(e[0]) for e in errs)[len(errs) // 2]
+    size = f"{worst[1] / 1024:g} KiB" if worst[1] < 1 << 20 else f"{worst[1] / (1 << 20):g} MiB"
+    return (f"the line fits the {len(errs)} measured sizes within {100 * med:.1f}% (median); worst {size}: "
+            f"{worst[2] * 1e3:.2f} ms measured, {(fit.alpha + fit.beta * worst[1]) * 1e3:.2f} ms on the line "
+            f"({100 * abs(worst[0]):.0f}% of the measured {'below' if worst[0] > 0 else 'above'} it)")
 
 
 def comm_time(fit: LinkFit, grad_bytes: float, n: int) -> float:

@@ -10,6 +10,7 @@
                                   [--native-arg ARG ...] [--horovod-arg ARG ...] [--skip-data-check] [--dry-run]
     python -m common.sweep status DIR [--json] [--wait SECONDS] [--until WIDTH]
     python -m common.sweep extend DIR [--rounds K]
+    python -m common.sweep resume DIR [--dry-run]
 
 ``submit`` runs ``sbatch jobs/slurm/{native,horovod}.sbatch`` once per (world size, backend), both backends of a
 size with the same sbatch resource options: one task per GPU, ``--gres=gpu:N`` per node, ``ceil(size / N)``
@@ -38,6 +39,13 @@ knows the job and there is no result). Exit status 0 when every run finished, 1 
 3 when runs are still pending or running (``--wait`` polls until they are not). ``--until 5%``: also whether every cell
 is within 5% of its median (common.sweep.order; exit 4 when all runs finished but a cell is not).
 
+Before anything is submitted (dry run included), each cell's request (its sbatch options over the script's
+``#SBATCH`` defaults) is checked against what ``scontrol show node -o`` says the partition's nodes have
+(common.sweep.nodes): a cell no node set can hold is one line and exit 2, naming it. The manifest keeps every run the
+sweep planned (``planned``): ``status`` counts the ones never submitted (exit 1 until they ran) and names orphaned
+checkpoints (a failed or cancelled run's), and ``resume DIR`` submits the runs never submitted and, again, the
+failed or cancelled ones into their own directories, each resuming from its checkpoint (common.sweep.resume).
+
 Bad input prints one line on stderr and exits 2, before anything is submitted or written. No TensorFlow here.
 """
 
@@ -56,9 +64,10 @@ from common import cli
 from common.core import registry
 from common.core import results as res
 from common.sweep import order as so
+from common.sweep import resume as rv
 from common.sweep.layout import SweepError
 from common.sweep.plan import MANIFEST, PROG, load_manifest, plan
-from common.sweep.slurm import exit_code, sbatch_command, status_once, submit_runs
+from common.sweep.slurm import check_nodes, exit_code, sbatch_command, status_once, submit_runs
 
 
 def fail(message: str) -> NoReturn:
@@ -72,6 +81,12 @@ def submit(a: argparse.Namespace) -> int:
     except SweepError as e:
         fail(str(e))
     results = Path(a.results).resolve()
+    try:
+        note = check_nodes(runs, header)
+    except SweepError as e:
+        fail(str(e))
+    if note:
+        print(f"[{PROG}] {note}", flush=True)
     env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in {"TWINBENCH_REPO": header["repo"],
                                                                **header["launch_env"]}.items())
     if a.dry_run:
@@ -96,7 +111,7 @@ def submit(a: argparse.Namespace) -> int:
         (results / "logs").mkdir(exist_ok=True)
     except OSError as e:
         fail(str(e))
-    return submit_runs(runs, header, results, {**header, "runs": []})
+    return submit_runs(runs, header, results, {**header, "planned": runs, "runs": []})
 
 
 def extend(a: argparse.Namespace) -> int:
@@ -111,6 +126,36 @@ def extend(a: argparse.Namespace) -> int:
         fail("sbatch not found: run this on a Slurm login node")
     manifest["repeats"], manifest["order"] = runs[-1]["round"], [*manifest.get("order", []), *(
         {"cell": r["cell"], "round": r["round"]} for r in runs)]
+    if manifest.get("planned") is not None:
+        manifest["planned"] = [*manifest["planned"], *runs]
+    return submit_runs(runs, manifest, root, manifest)
+
+
+def resume_sweep(a: argparse.Namespace) -> int:
+    """``resume DIR``: submit the runs the sweep planned but never submitted, and again the failed or cancelled ones
+    into their own results directories (each resumes from its checkpoint there, if it left one)."""
+    root = Path(a.results_dir).resolve()
+    try:
+        manifest = load_manifest(root)
+        rows = status_once(root)
+        runs = rv.to_resume(manifest, rows)
+    except SweepError as e:
+        fail(str(e))
+    if not runs:
+        print(f"[{PROG}] nothing to resume in {root}: every run was submitted and none failed", flush=True)
+        return 0
+    ckpt = {r.get("name"): row.get("checkpoint") for r, row in zip(rv.planned(manifest), rows, strict=True)}
+    for r in runs:
+        c = ckpt.get(r["name"])
+        how = "never submitted" if not r.get("job_id") else \
+            f"job {r['job_id']} failed, resumes from {c['path']} (step {c['step']})" if c else \
+            f"job {r['job_id']} failed, no checkpoint: starts again"
+        print(f"[{PROG}] {r['name']}: {how}", flush=True)
+    if a.dry_run:
+        print(f"[{PROG}] dry run: {len(runs)} job(s) not submitted", flush=True)
+        return 0
+    if shutil.which("sbatch") is None:
+        fail("sbatch not found: run this on a Slurm login node")
     return submit_runs(runs, manifest, root, manifest)
 
 
@@ -128,13 +173,19 @@ def status(a: argparse.Namespace) -> int:
             rows = status_once(root)
     except (SweepError, ValueError) as e:
         fail(str(e))
-    counts = so.cell_counts(load_manifest(root)["runs"], rows)
+    manifest = load_manifest(root)
+    counts = so.cell_counts(rv.planned(manifest), rows)
+    missing, orphaned = sum(r["state"] == rv.UNSUBMITTED for r in rows), rv.orphans(rows)
+    hint = [f"{missing} run(s) planned but never submitted (a submission stopped part way): python -m common.sweep "
+            f"resume {root}"] if missing else []
+    hint += [*orphaned, f"resume them in place: python -m common.sweep resume {root}"] if orphaned else []
     if not a.json:
         so.print_table(rows, root)
-        print("\n".join(so.format_cell_counts(counts)), flush=True)
+        print("\n".join([*so.format_cell_counts(counts), *hint]), flush=True)
     code, until = so.until_status(root, width, exit_code(rows), a.json) if width else (exit_code(rows), None)
     if a.json:
-        print(json.dumps({"results_dir": str(root), "runs": rows, "cells": counts, "until": until}, indent=1))
+        print(json.dumps({"results_dir": str(root), "runs": rows, "cells": counts, "until": until,
+                          "unsubmitted": missing, "orphaned_checkpoints": orphaned}, indent=1))
     return code
 
 
@@ -187,9 +238,13 @@ def parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("extend", help="submit more interleaved rounds of every cell into a sweep (up to its cap)")
     ex.add_argument("results_dir", metavar="DIR", help="the sweep directory given to submit --results")
     ex.add_argument("--rounds", type=int, default=1, help="rounds to add (default 1), up to submit's --max-repeats")
+    rs = sub.add_parser("resume", help="submit the runs never submitted, and again the failed or cancelled ones "
+                                       "(each from its checkpoint), in place")
+    rs.add_argument("results_dir", metavar="DIR", help="the sweep directory given to submit --results")
+    rs.add_argument("--dry-run", action="store_true", help="say what would be submitted; submit nothing")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    return {"submit": submit, "extend": extend, "status": status}[a.command](a)
+    return {"submit": submit, "extend": extend, "status": status, "resume": resume_sweep}[a.command](a)

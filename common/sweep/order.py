@@ -63,20 +63,23 @@ def ordered_runs(cells: Sequence[dict[str, Any]], repeats: int, seed: int | None
 
 
 def cell_counts(runs: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """cell -> {"done", "failed", "pending", "of"} from the manifest's runs and their status rows (same order):
-    failed counts unknown runs (Slurm forgot them and there is no result), pending counts running ones."""
+    """cell -> {"done", "failed", "pending", "unsubmitted", "of"} from the sweep's planned runs and their status
+    rows (same order): failed counts unknown runs (Slurm forgot them and there is no result), pending counts running
+    ones, unsubmitted the planned runs never submitted."""
     out: dict[str, dict[str, int]] = {}
     for run, row in zip(runs, rows, strict=True):
-        c = out.setdefault(run.get("cell", run["results_dir"]), {"done": 0, "failed": 0, "pending": 0, "of": 0})
+        c = out.setdefault(run.get("cell", run["results_dir"]),
+                           {"done": 0, "failed": 0, "pending": 0, "unsubmitted": 0, "of": 0})
         c["of"] += 1
-        c[{"finished": "done", "failed": "failed", "unknown": "failed"}.get(row["state"], "pending")] += 1
+        c[{"finished": "done", "failed": "failed", "unknown": "failed", "unsubmitted": "unsubmitted"}.get(
+            row["state"], "pending")] += 1
     return out
 
 
 def format_cell_counts(counts: dict[str, dict[str, int]]) -> list[str]:
     width = max((len(c) for c in counts), default=4)
     return [f"{cell.ljust(width)}  done {c['done']}/{c['of']}, failed {c['failed']}, pending {c['pending']}"
-            for cell, c in counts.items()]
+            + (f", never submitted {c['unsubmitted']}" if c.get("unsubmitted") else "") for cell, c in counts.items()]
 
 
 def print_table(rows: list[dict[str, Any]], root: Path) -> None:
@@ -86,7 +89,8 @@ def print_table(rows: list[dict[str, Any]], root: Path) -> None:
         where = (os.path.relpath(r["results"][-1], root) if r["results"] else
                  f"{r['detail']}; log {os.path.relpath(r['log'], root)}" if r["state"] == "failed" else r["detail"])
         name = r["backend"] if r["variant"] == r["backend"] else f"{r['variant']} ({r['backend']})"
-        lines.append((name, str(r["size"]), r["layout"], str(r["job_id"]), r["state"], r["slurm_state"] or "-", where))
+        lines.append((name, str(r["size"]), r["layout"], str(r["job_id"] or "-"), r["state"], r["slurm_state"] or "-",
+                      where))
     print("\n".join(text_table([head, *lines])))
     counts: dict[str, int] = {}
     for r in rows:
@@ -176,7 +180,8 @@ def more_rounds(manifest: dict[str, Any], rounds: int) -> list[dict[str, Any]]:
                          "(submit --max-repeats)")
     if len(runs) != done * len(names):
         raise ValueError(f"the sweep's {done} round(s) should hold {done * len(names)} runs, the manifest has "
-                         f"{len(runs)} (a submission stopped part way?): submit the missing runs by hand first")
+                         f"{len(runs)} (a submission stopped part way?): `python -m common.sweep resume DIR` "
+                         "submits the missing ones first")
     first: dict[str, dict[str, Any]] = {}
     for r in runs:
         first.setdefault(r.get("cell", r["results_dir"]), r)

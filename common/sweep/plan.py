@@ -18,6 +18,7 @@ from common.sweep import layout as sl
 from common.sweep import order as so
 from common.sweep import variants as sv
 from common.sweep.layout import SweepError
+from common.workload import argcheck
 from common.workload.job import JobError, load_job
 
 PROG = "common.sweep"  # the command, as its messages name it
@@ -39,6 +40,8 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     job_path = Path(a.job).resolve()
     try:
         job = load_job(job_path, a.sets)
+        argcheck.refuse(job, cli.REPO, paths=not a.skip_data_check,  # the ranks start in the repository (--chdir)
+                        path_hint=" (or pass --skip-data-check if the data is only visible on compute nodes)")
         from common.workload import data as data_mod
 
         if not a.skip_data_check and not data_mod.streams(job):  # an input function runs only in the ranks
@@ -52,7 +55,8 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     lays = {size: sl.layouts(size, a.gres_per_node, nodes) for size in sizes}
     results = Path(a.results).resolve()
     if (results / MANIFEST).exists():
-        raise SweepError(f"{results / MANIFEST} exists: {results} already holds a sweep; use a new --results dir")
+        raise SweepError(f"{results / MANIFEST} exists: {results} already holds a sweep; use a new --results dir (or "
+                         f"finish that one: python -m common.sweep resume {results})")
     if results.exists() and not results.is_dir():
         raise SweepError(f"--results {str(results)!r} is not a directory")
     for b in chosen:

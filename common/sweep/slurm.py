@@ -6,6 +6,7 @@ No TensorFlow here.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common.core import results as res
+from common.sweep import nodes, resume
 from common.sweep.plan import MANIFEST, PROG, SCRIPTS, load_manifest
 
 EXIT_FAILED, EXIT_PENDING = 1, 3
@@ -38,10 +40,30 @@ def sbatch_command(run: dict[str, Any], header: dict[str, Any], results: Path,
     return cmd + list(header["backend_args"][run["backend"]]) + list(run.get("args", []))
 
 
+def check_nodes(runs: list[dict[str, Any]], header: dict[str, Any]) -> str | None:
+    """SweepError naming the first cell the partition's nodes cannot hold (common.sweep.nodes), before anything
+    is submitted; else None, or the line saying Slurm could not be asked."""
+    cells = {r.get("cell", r["name"]): r for r in runs}
+    return nodes.check([(c, r["resources"], Path(header["repo"]) / SCRIPTS[r["backend"]]) for c, r in cells.items()],
+                       _run_quiet)
+
+
+def _record(manifest: dict[str, Any], run: dict[str, Any]) -> None:
+    """Put a submitted run into the manifest: a run of that name already there (a failed one resubmitted) is
+    replaced, its earlier job ids kept in ``previous_jobs``; any other is added."""
+    runs = manifest["runs"]
+    for i, old in enumerate(runs):
+        if old.get("name", old["results_dir"]) == run["name"]:
+            runs[i] = {**run, "previous_jobs": [*old.get("previous_jobs", []), old["job_id"]]}
+            return
+    runs.append(run)
+
+
 def submit_runs(runs: list[dict[str, Any]], header: dict[str, Any], results: Path, manifest: dict[str, Any]) -> int:
     """sbatch every run in order, each recorded in ``manifest`` (written after every submission) as it goes."""
     env = {**os.environ, "TWINBENCH_REPO": header["repo"], **header["launch_env"]}
     prev = str(manifest["runs"][-1]["job_id"]) if manifest["runs"] else None
+    submitted = 0
     for run in runs:
         cmd = sbatch_command(run, header, results, prev if header["serial"] else None)
         try:
@@ -52,14 +74,13 @@ def submit_runs(runs: list[dict[str, Any]], header: dict[str, Any], results: Pat
         if not job_id:
             msg = (proc.stderr.strip().splitlines() or ["no job id"])[-1]
             print(f"{PROG}: error: sbatch refused {run['name']}: {msg}"
-                  + (f" ({len(manifest['runs'])} job(s) submitted, recorded in {results / MANIFEST})"
-                     if manifest["runs"] else ""), file=sys.stderr, flush=True)
+                  + (f" ({submitted} job(s) submitted, recorded in {results / MANIFEST}; the rest: python -m "
+                     f"common.sweep resume {results})" if submitted else ""), file=sys.stderr, flush=True)
             return EXIT_FAILED
-        run = {**run, "job_id": job_id, "log": run["log"].replace("%j", job_id), "sbatch": cmd,
-               "submitted_at": res.now_iso()}
-        manifest["runs"].append(run)
+        log = re.sub(r"-(\d+|%j)\.out$", f"-{job_id}.out", run["log"])
+        _record(manifest, {**run, "job_id": job_id, "log": log, "sbatch": cmd, "submitted_at": res.now_iso()})
         res.write_json_atomic(results / MANIFEST, manifest)
-        prev = job_id
+        prev, submitted = job_id, submitted + 1
         print(f"[{PROG}] {run['name']}: job {job_id} ({run['nodes']} node(s) x {run['ntasks_per_node']} task(s)) "
               f"-> {results / run['results_dir']}", flush=True)
     print(f"[{PROG}] {len(runs)} job(s) submitted ({manifest.get('repeats', 1)} round(s) in all); manifest "
@@ -106,6 +127,14 @@ def slurm_states(job_ids: list[str]) -> dict[str, dict[str, str]]:
 
 
 def classify(run: dict[str, Any], root: Path, slurm: dict[str, str] | None) -> dict[str, Any]:
+    """finished | failed | running | pending | unknown, with the result files, the evidence, and the run's
+    checkpoint when it has no result (common.sweep.resume)."""
+    row = _classify(run, root, slurm)
+    row["checkpoint"] = None if row["results"] else resume.checkpoint(root / run["results_dir"])
+    return row
+
+
+def _classify(run: dict[str, Any], root: Path, slurm: dict[str, str] | None) -> dict[str, Any]:
     """finished | failed | running | pending | unknown, with the result files and the evidence."""
     rdir = root / run["results_dir"]
     files = sorted(str(p) for p in rdir.glob("*.json") if not p.name.startswith(".")) if rdir.is_dir() else []
@@ -132,15 +161,17 @@ def classify(run: dict[str, Any], root: Path, slurm: dict[str, str] | None) -> d
 
 
 def status_once(root: Path) -> list[dict[str, Any]]:
-    manifest = load_manifest(root)
-    runs = manifest["runs"]
+    """A row per run the sweep planned (common.sweep.resume.planned): submitted ones as Slurm and the result files
+    say, the others ``unsubmitted``."""
+    runs = resume.planned(load_manifest(root))
     states = slurm_states([str(r["job_id"]) for r in runs if r.get("job_id")])
-    return [classify(r, root, states.get(str(r["job_id"]))) for r in runs]
+    return [classify(r, root, states.get(str(r["job_id"]))) if r.get("job_id") else resume.unsubmitted_row(r, root)
+            for r in runs]
 
 
 def exit_code(rows: list[dict[str, Any]]) -> int:
     states = {r["state"] for r in rows}
-    if "failed" in states:
+    if states & {"failed", resume.UNSUBMITTED}:
         return EXIT_FAILED
     if states & {"pending", "running"}:
         return EXIT_PENDING

@@ -8,13 +8,20 @@ Plain Python on the JSON files (no TensorFlow, no ReFrame), so that the referenc
 The reference of a throughput is the **median** ``images_per_sec`` of the baseline's runs with the same job hash,
 backend and layout (nodes x ranks per node, from each record's ``hosts``): the median because one disturbed run
 on a shared cluster moves a mean but not a median. The check turns it into ReFrame's ``(value, lower, upper)`` with
-``tolerance`` (a fraction, default 0.10): a throughput fails below ``value * (1 - tolerance)`` and is never capped
-above; the horovod/native ratio fails outside ``value * (1 +- tolerance)``.
+a tolerance (a fraction): a throughput fails below ``value * (1 - tolerance)`` and is never capped above; the
+horovod/native ratio fails outside ``value * (1 +- tolerance)``.
+
+The tolerance is what the baseline's own spread supports (``interval_tolerance``): with at least 6 runs, how far
+below the median the lower end of its distribution-free 95% interval lies (the order-statistic interval of
+common/report/stats.py: [x(j), x(n+1-j)] with j the largest rank whose Binomial(n, 1/2) tail is <= 0.025); for
+the ratio, the two medians' relative widths added. A baseline of fewer runs has no such interval: the check then
+uses ``DEFAULT_TOLERANCE`` and says so. A tolerance the user gives (``-S reference_tolerance=``) wins.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable
@@ -23,6 +30,9 @@ from typing import Any
 
 Record = dict[str, Any]
 Layout = tuple[int, int]  # (nodes, ranks per node)
+MIN_CI_RUNS = 6  # runs for a 95% interval of a median (fewer: none exists), as the report's
+DEFAULT_TOLERANCE = 0.10  # a baseline too small for an interval: fail 10% below its median
+MIN_TOLERANCE = 0.01  # never tighter than 1%, however narrow the baseline's interval (rounding of the figures)
 
 
 def is_run_record(data: Any) -> bool:
@@ -78,11 +88,47 @@ def relative_difference(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
+def throughputs(records: Iterable[Record], job_hash: str, backend: str, lay: Layout) -> list[float]:
+    """The images/s of the records of this job hash, backend and layout."""
+    return [float(r["images_per_sec"]) for r in records
+            if r["job_hash"] == job_hash and r["backend"] == backend and layout(r) == lay]
+
+
 def median_throughput(records: Iterable[Record], job_hash: str, backend: str, lay: Layout) -> float | None:
     """The median images/s of the records of this job hash, backend and layout; None when there is none."""
-    values = [float(r["images_per_sec"]) for r in records
-              if r["job_hash"] == job_hash and r["backend"] == backend and layout(r) == lay]
+    values = throughputs(records, job_hash, backend, lay)
     return statistics.median(values) if values else None
+
+
+def median_ranks(n: int) -> tuple[int, int] | None:
+    """The 1-based ranks (j, k) of the 95% order-statistic interval of the median of n values; None for n < 6."""
+    if n < MIN_CI_RUNS:
+        return None
+    tail, j = 0.0, 0
+    for m in range(n + 1):  # the Binomial(n, 1/2) cdf, exactly
+        tail += math.comb(n, m) / 2 ** n
+        if tail > 0.025:
+            break
+        j = m + 1
+    return j, n + 1 - j
+
+
+def interval_tolerance(values: list[float]) -> float | None:
+    """How far below the median (a fraction of it) the lower end of its 95% interval lies; None for < 6 values."""
+    ranks = median_ranks(len(values))
+    if ranks is None:
+        return None
+    xs, mid = sorted(values), statistics.median(values)
+    return max((mid - xs[ranks[0] - 1]) / mid, MIN_TOLERANCE) if mid > 0 else None
+
+
+def spread(values: list[float]) -> float | None:
+    """The relative half-width the other way too: the larger of the interval's two sides; None for < 6 values."""
+    ranks = median_ranks(len(values))
+    if ranks is None:
+        return None
+    xs, mid = sorted(values), statistics.median(values)
+    return max(mid - xs[ranks[0] - 1], xs[ranks[1] - 1] - mid, MIN_TOLERANCE * mid) / mid if mid > 0 else None
 
 
 def throughput_reference(value: float | None, tolerance: float) -> tuple[float, float | None, float | None]:
