@@ -13,7 +13,7 @@ JOB=${JOB:-jobs/demo.toml}
 OUT=${OUT:-demo-results}
 MODE=${MODE:-ctl}  # the breakdown's loop: with ctl the diagnostic runs are the same job (hash) as the benchmark
 STEPS=${STEPS:-200}  # the job file's 12 steps test correctness; 200 (10 untimed) give the timing something to average
-REPEATS=${REPEATS:-3}  # runs per backend x world size: 2-5 give the report a min-max range, 6 a 95% CI
+REPEATS=${REPEATS:-6}  # runs per backend x world size: 6 give each cell a 95% CI and the verdict (2-5: a range only)
 UNTIL=${UNTIL:-}  # e.g. 5%: add rounds until every cell's interval is within 5% of its median (empty: REPEATS only)
 export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/$VENV/bin:$PATH"
 for v in REPEATS STEPS; do
