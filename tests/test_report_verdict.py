@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from common.cluster import machine
-from common.report import build_report, summarize
+from common.report.build import ReportOptions, build_report
+from common.report.summary import summarize
 from common.report.verdict import job_verdicts, verdict_lines
 from tests.test_report import make_run, put
 
@@ -75,7 +76,7 @@ def test_verdict_opens_report_md_and_html_and_ends_the_printed_output(tmp_path: 
     d = tmp_path / "r"
     for rec in cell("native", 2, 112.0) + cell("horovod", 2, 100.0) + cell("horovod", 1, 60.0, n=1):
         put(d, rec)
-    build_report(d, plots=False)
+    build_report(d, options=ReportOptions(plots=False))
     md = (d / "report" / "report.md").read_text()
     assert md.index("## Verdict") < md.index("## Method")
     assert "- 1 node x 2 ranks: native is 12% faster than horovod [" in md

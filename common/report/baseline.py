@@ -19,9 +19,10 @@ from common.cluster.machine import section
 from common.core.results import RunRecord
 from common.report.base import NA
 from common.report.converge import parse_width, percent
+from common.report.document import Block, Heading, Para, table
+from common.report.load import versions_by_key
 from common.report.rows import JobSummary, Row
 from common.report.stats import NEEDS_RUNS, ratio_interval
-from common.report.versions import versions_by_key
 
 EXIT_SLOWER = 4  # a cell is slower than the baseline beyond the tolerance
 SLOWER, SAME, FASTER, ONLY_NEW, ONLY_OLD = "slower", "same", "faster", "only in NEW", "only in OLD"
@@ -209,9 +210,8 @@ def compare(new: Sequence[JobSummary], old: Sequence[JobSummary], tolerance: flo
                     stack_diff([r for s in new for r in s.records], [r for s in old for r in s.records]), tolerance)
 
 
-def baseline_markdown(b: Baseline, old_sources: Sequence[str]) -> list[str]:
-    """The report.md section (after the verdict)."""
-    from common.report.render import md_table
-
-    return ["## Against the baseline", "", f"NEW = this report's results; OLD = {', '.join(old_sources)}; tolerance "
-            f"{percent(b.tolerance)}.", "", md_table(*baseline_table(b.changes)), "", *(f"{x}\n" for x in b.lines())]
+def baseline_part(b: Baseline, old_sources: Sequence[str]) -> list[Block]:
+    """The section against the baseline (after the verdict)."""
+    return [Heading("Against the baseline", 2),
+            Para(f"NEW = this report's results; OLD = {', '.join(old_sources)}; tolerance {percent(b.tolerance)}."),
+            table(*baseline_table(b.changes)), *(Para(x) for x in b.lines())]

@@ -10,11 +10,10 @@ from pathlib import Path
 from common.core import registry
 from common.report.base import ReportError
 from common.report.baseline import EXIT_SLOWER, baseline_table, parse_tolerance
-from common.report.build import Report, build_report, load_set
+from common.report.build import Report, ReportOptions, build_report
 from common.report.converge import EXIT_CONVERGED, EXIT_NOT_YET, check, converged, format_checks, parse_width
-from common.report.render import format_ratio_table, format_table
-from common.report.render import md_table as format_md_table
-from common.report.selection import select_jobs
+from common.report.load import load_set, select_jobs
+from common.report.render import format_ratio_table, format_table, md_table
 from common.report.summary import summarize
 from common.report.verdict import verdict_lines
 
@@ -111,9 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ReportError(str(e)) from None
         if args.until is not None:
             return _until(args, job)
-        rep = build_report(args.results_dir, args.out, job_hash=args.job_hash, compare=args.compare, job=job,
-                           plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions,
-                           extrapolate_to=args.extrapolate_to, baseline=args.baseline, tolerance=tolerance)
+        options = ReportOptions(job_hash=args.job_hash, compare=tuple(args.compare) if args.compare else None,
+                                job=job, plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions,
+                                extrapolate_to=args.extrapolate_to, baseline=tuple(args.baseline),
+                                tolerance=tolerance)
+        rep = build_report(args.results_dir, args.out, options)
     except ReportError as e:
         print(f"report: {e.prefix}{e}", file=sys.stderr)
         return 2
@@ -126,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rep.baseline is None:
         return 0
     if not args.quiet:
-        print("\nAgainst the baseline:\n" + format_md_table(*baseline_table(rep.baseline.changes)))
+        print("\nAgainst the baseline:\n" + md_table(*baseline_table(rep.baseline.changes)))
         print("\n".join(rep.baseline.lines()[:-1]))
     print(rep.baseline.summary_line())
     return EXIT_SLOWER if rep.baseline.slower else 0
