@@ -179,12 +179,12 @@ def test_best_vs_best_table(tmp_path):
     build_report(tmp_path / "r", tmp_path / "o", ReportOptions(plots=False))
     md = (tmp_path / "o" / "report.md").read_text()
     best = md.split("### Best vs best", 1)[1].split("###", 1)[0]
-    assert "| native | 2 | 180.0 | packs 32 MiB | 190.0 | 1.056 |" in best
-    assert "| native | 1 | 100.0 | default | 100.0 | 1.000 |" in best
-    assert "| horovod | 2 | 200.0 | fusion 32 MiB | 230.0 | 1.150 |" in best
+    assert "| native | 2 | 2x1 | 180.0 | packs 32 MiB | 190.0 | 1.056 |" in best
+    assert "| native | 1 | 1x1 | 100.0 | default | 100.0 | 1.000 |" in best
+    assert "| horovod | 2 | 2x1 | 200.0 | fusion 32 MiB | 230.0 | 1.150 |" in best
     # horovod/native: defaults 200 / 180, fastest 230 / 190
-    assert f"| 2 | {200 / 180:.3f} | {230 / 190:.3f} | packs 32 MiB | fusion 32 MiB |" in best
-    assert f"| 1 | {110 / 100:.3f} | {120 / 100:.3f} | default | fusion 32 MiB |" in best
+    assert f"| 2 | 2x1 | {200 / 180:.3f} | {230 / 190:.3f} | packs 32 MiB | fusion 32 MiB |" in best
+    assert f"| 1 | 1x1 | {110 / 100:.3f} | {120 / 100:.3f} | default | fusion 32 MiB |" in best
     import csv
 
     with open(tmp_path / "o" / "report.csv", newline="") as f:

@@ -149,7 +149,7 @@ def test_numbers_match_hand_computation(results: Path, tmp_path: Path) -> None:
     # the same numbers, rounded, in the Markdown table
     md = (out / "report.md").read_text()
     c = md_row(md, "native", 1)
-    assert col(c, "img/s median") == "110.0"
+    assert col(c, "images/s median") == "110.0"
     assert col(c, "interval") == "[100.0, 120.0] min-max (n=3)" and col(c, "layout") == "1x1"
     assert col(c, "step p50 (ms)") == "11.00" and col(c, "step p95 (ms)") == "25.00"
     assert col(c, "first step (s)") == "3.00"
@@ -160,7 +160,7 @@ def test_numbers_match_hand_computation(results: Path, tmp_path: Path) -> None:
     c = md_row(md, "horovod", 4)
     assert col(c, "speedup") == "3.71x" and col(c, "efficiency") == "92.9%"
     assert "| 2 | 2x1 | 195.0 | 206.0 | 1.056 (needs 6 runs per cell) |" in md  # ratio table: 206 / 195
-    assert "native: 1 replica (1x1), 110.0 img/s median of 3 repeat(s)" in md  # the absolute speedup base
+    assert "native: 1 replica (1x1), 110.0 images/s median of 3 repeat(s)" in md  # the absolute speedup base
     assert "## Method" in md and "Binomial(n, 1/2)" in md and "mean" not in col(c, "interval")
     assert "Student-t" not in md and JOB_A.job_hash in md and "small" in md  # method, hash and name stated
     assert "tensorflow 2.18.1" in md and "`node0`" in md  # versions and hosts
@@ -314,7 +314,7 @@ def test_missing_baseline_and_missing_backend_show_na(tmp_path: Path, capsys: py
     assert main([str(d), "--out", str(tmp_path / "o")]) == 0
     md = (tmp_path / "o" / "report.md").read_text()
     c = md_row(md, "horovod", 4)
-    assert col(c, "speedup") == "n/a" and col(c, "efficiency") == "n/a" and col(c, "img/s median") == "360.0"
+    assert col(c, "speedup") == "n/a" and col(c, "efficiency") == "n/a" and col(c, "images/s median") == "360.0"
     assert "horovod: no 1-replica run" in md  # plain note
     assert "no native runs for this job" in md and "| 4 | 4x1 | n/a | 360.0 | n/a |" in md
     rows = csv_rows(tmp_path / "o" / "report.csv")

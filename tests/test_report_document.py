@@ -89,7 +89,7 @@ def test_report_html_holds_every_table_report_md_holds(tmp_path: Path) -> None:
     """Scaling, ratio, validation, baseline, allreduce, model and breakdown tables: the same in both files, in the
     same order; the verdict's title line is one line in both."""
     d, old = tmp_path / "new", tmp_path / "old"
-    evals = [{"step": 12, "loss": 0.4, "accuracy": 0.9, "wall_s": 1.0}]
+    evals = [{"step": 12, "loss": 0.4, "accuracy": 0.9}]
     for b in ("native", "horovod"):
         for n in (1, 2):
             run = make_run(b, n, 100.0 * n, step=(0.010 * n, 0.012 * n), gradient_bytes=GRAD, evaluations=evals)
@@ -115,3 +115,85 @@ def _flat(blocks: list) -> list:
     for b in blocks:
         out += _flat(list(b.blocks)) if isinstance(b, document.Box) else [b]
     return out
+
+
+# -- report.html at a laptop's width ------------------------------------------------------------------------------
+WIDTH = 1280  # a laptop window, in CSS pixels
+PROBE = """<script>
+window.addEventListener('load', () => {
+  const out = [...document.querySelectorAll('table')].map(t => [...t.querySelectorAll('th')].map(
+    th => [th.textContent, Math.round(th.getBoundingClientRect().right)]));
+  const pre = document.createElement('pre'); pre.id = 'probe';
+  pre.textContent = JSON.stringify({width: window.innerWidth, tables: out}); document.body.appendChild(pre);
+});
+</script></body>"""
+
+
+def wide_results(d: Path) -> None:
+    """The widest cells a scaling table gets: long labels, min-max intervals, input-bound rows, a target."""
+    wait = {"method": "fetch", "wait_fraction": 0.047, "kept_up": False, "input_bound": "moderately", "threshold": 0.02}
+    job = {"target_metric": "loss", "target_value": 0.5}
+    from common.workload.job import Job
+
+    j = Job(name="a text classifier with a long name", per_replica_batch_size=16, steps=12, **job)
+    evals = [{"step": 12, "loss": 0.4, "accuracy": 0.9}]
+    for b, tuning in (("native", None), ("horovod", {"variant": "fusion 32 MiB, cycle 10 ms"})):
+        for n in (1, 2, 4):
+            for i in range(3):
+                put(d, make_run(b, n, 12345.6 * n + i, job=j, run_id=f"{b}{n}-{i}", input=wait, evaluations=evals,
+                                time_to_target_s=123.4, collective={"requested": "auto", "used": "ring, nccl"},
+                                **({"tuning": tuning} if tuning else {})))
+
+
+def test_the_scaling_table_fits_a_1280_px_window(tmp_path: Path) -> None:
+    """Every column of the scaling table is visible in headless Chromium at 1280 px: no header cell ends right of
+    the window."""
+    import json
+    import shutil
+    import subprocess
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("chromium is not installed")
+    wide_results(tmp_path / "r")
+    build_report(tmp_path / "r", tmp_path / "o", ReportOptions(plots=False))
+    page = (tmp_path / "o" / "report.html").read_text()
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", PROBE))
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+             f"--window-size={WIDTH},900", "--virtual-time-budget=2000"]
+    dom = subprocess.run([*flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.S)
+    assert dom.returncode == 0 and found, dom.stderr[-2000:]
+    got = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert got["width"] == WIDTH
+    scaling = next(t for t in got["tables"] if any(h == "interval" for h, _ in t))
+    assert [h for h, _ in scaling] == list(document.scaling_table(_summary(tmp_path / "r")).header)  # all columns
+    assert all(right <= WIDTH for _, right in scaling), scaling
+
+
+def _summary(d: Path):  # noqa: ANN202
+    from common.report.load import load_runs
+    from common.report.summary import summarize
+
+    return summarize(load_runs(d))[0]
+
+
+def test_throughput_is_named_for_what_a_step_consumes(tmp_path: Path) -> None:
+    """images/s for twinbench's (image) datasets, samples/s for the user's own: one unit, the same words in report.md
+    and report.html, never "img/s"."""
+    for dataset, unit in (("synthetic", "images/s"), ("textpkg.data:tokens", "samples/s")):
+        d = tmp_path / dataset
+        for b in ("native", "horovod"):
+            run = make_run(b, 1, 100.0)
+            run["job"]["dataset"] = dataset
+            put(d, run)
+        rep = build_report(d, tmp_path / f"o-{dataset}", ReportOptions(plots=False), warn=lambda m: None)
+        assert rep.summaries[0].unit == unit
+        md = (tmp_path / f"o-{dataset}" / "report.md").read_text()
+        page = (tmp_path / f"o-{dataset}" / "report.html").read_text()
+        other = ({"images/s", "samples/s"} - {unit}).pop()
+        assert f"| {unit} median |" in md and f"<th>{unit} median</th>" in page
+        for text in (md, page):
+            assert other not in text and "img/s" not in text and "Img/s" not in text

@@ -113,3 +113,18 @@ def test_the_report_reads_the_typed_capabilities_and_only_displays_backend_info(
            "backend_info": {"communication": "ring"}}  # schema 2, before the collective block
     assert "### native, 2 ranks (ring; hosts" in format_allreduce([AllreduceRecord.from_dict(old)])
     assert AllreduceRecord.from_dict({**old, "schema": 3}).collective_used is None  # schema 3 reads its own block
+
+
+def test_a_measured_step_above_the_no_overlap_bound_is_flagged(tmp_path: Path) -> None:
+    """The model's step is an upper bound (no overlap): a measured step above it means the model misses a cost."""
+    d = tmp_path / "res"
+    for b, step2 in (("native", 0.0332), ("horovod", 0.015)):  # predicted at 2 replicas: 18.10 ms (see above)
+        put(d, make_run(b, 1, 100.0, step=(0.010, 0.012), gradient_bytes=GRAD))
+        put(d, make_run(b, 2, 150.0, step=(step2, step2), gradient_bytes=GRAD))
+        put(d, bench(b), name=f"allreduce-{b}.json")
+    assert main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
+    md = (tmp_path / "o" / "report.md").read_text()
+    flagged = [p for p in md.split("\n\n") if p.startswith("**Measured above the model's upper bound**")]
+    assert len(flagged) == 1 and "2 replicas: 33.20 ms measured vs 18.10 ms" in flagged[0]  # native only
+    assert "misses a cost" in flagged[0] and "optimistic" in flagged[0]
+    assert md.index("### Model: native") < md.index(flagged[0]) < md.index("### Model: horovod")

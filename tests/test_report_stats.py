@@ -59,7 +59,7 @@ def test_table_shows_the_ci_with_six_runs_and_min_max_with_three(tmp_path: Path)
     md = (tmp_path / "o" / "report.md").read_text()
     lo, hi = expected_ci(SEVEN)
     assert col(md_row(md, "native", 1), "interval") == f"[{lo:.1f}, {hi:.1f}] 95% CI"
-    assert col(md_row(md, "native", 1), "img/s median") == "101.0"
+    assert col(md_row(md, "native", 1), "images/s median") == "101.0"
     assert col(md_row(md, "native", 2), "interval") == "[190.0, 200.0] min-max (n=3)"
     assert "img/s mean" not in md and "CI of mean" not in md
 

@@ -60,3 +60,11 @@ def fmt_num(x: float | None, fmt: str, scale: float = 1.0, suffix: str = "") -> 
     if math.isnan(x):
         return "nan"
     return f"{x * scale:{fmt}}{suffix}"
+
+
+IMAGES, SAMPLES = "images/s", "samples/s"  # throughput's unit, named for what a step consumes
+
+
+def in_unit(text: str, unit: str) -> str:
+    """The report's text (written for images) in ``unit``: "samples/s" for jobs whose samples are not images."""
+    return text if unit == IMAGES else text.replace(IMAGES, unit).replace("per image", "per sample")

@@ -155,7 +155,7 @@ def quality(c: CellChange) -> str:
     return "; ".join(parts)
 
 
-BASELINE_HEADER = ("job", "cell", "runs (old / new)", "old img/s", "new img/s", "change [bootstrap 95% CI]",
+BASELINE_HEADER = ("job", "cell", "runs (old / new)", "old images/s", "new images/s", "change [bootstrap 95% CI]",
                    "final loss, validation (old -> new)", "verdict")
 
 
@@ -198,9 +198,10 @@ class Baseline:
         """What the section says under its table: stack differences, what is not recorded, how cells are judged."""
         return [f"Stack differences (OLD -> NEW): {'; '.join(self.stack) or 'none recorded'}.",
                 f"Not in the records, so not compared: {'; '.join(NOT_RECORDED)}.",
-                f"A cell is slower (faster) when its median img/s fell (rose) by more than {percent(self.tolerance)} "
-                "and, with 6 or more runs on each side, the bootstrap 95% interval of NEW/OLD lies wholly below "
-                f"(above) 1; with fewer runs the medians decide ({NEEDS_RUNS} for an interval).",
+                "A cell is slower (faster) when its median images/s fell (rose) by more than "
+                f"{percent(self.tolerance)} and, with 6 or more runs on each side, the bootstrap 95% interval of "
+                "NEW/OLD lies wholly below (above) 1; with fewer runs the medians decide "
+                f"({NEEDS_RUNS} for an interval).",
                 self.summary_line()]
 
 

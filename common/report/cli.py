@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(common.report.converge)")
     p.add_argument("--baseline", type=Path, action="append", default=[], metavar="OLD",
                    help="compare every cell with the same cell of the results in OLD (repeatable: one set): change "
-                        "of median img/s with its bootstrap interval, final loss and validation, the software "
+                        "of median throughput with its bootstrap interval, final loss and validation, the software "
                         "stacks' differences; exit 4 when a cell is slower beyond --tolerance")
     p.add_argument("--tolerance", metavar="T", help="with --baseline: the change that counts, e.g. 5%% or 0.05 "
                                                     "(default 5%%)")

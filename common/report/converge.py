@@ -112,7 +112,7 @@ def verdict(checks: Sequence[CellCheck], width: float) -> str:
 
 def format_checks(checks: Sequence[CellCheck], width: float) -> list[str]:
     """A table (cell, runs, median, interval, width, converged / not yet) and the verdict line last."""
-    head = ("cell", "runs", "img/s median", "interval", "width", f"within {percent(width)}")
+    head = ("cell", "runs", "median per s", "interval", "width", f"within {percent(width)}")
     rows = [(c.cell, str(c.repeats), f"{c.median:.1f}", c.interval.text() if c.interval else "no interval",
              f"{100 * c.width:.1f}%" if c.width is not None else "-",
              "converged" if c.converged else f"not yet ({c.why()})") for c in checks]

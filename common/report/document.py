@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from common.report.base import NA, NO_INTERVAL, fmt_num, fmt_value, md_escape
+from common.report.base import IMAGES, NA, NO_INTERVAL, SAMPLES, fmt_num, fmt_value, in_unit, md_escape
 from common.report.load import versions_by_key
 from common.report.machines import binding_mix, distinct, format_machines, short_command, shorten_paths
 from common.report.rows import (
@@ -150,7 +150,7 @@ COLUMNS: tuple[Column, ...] = (  # the scaling table, in order; report.csv start
     C("workers", "num_workers", lambda r: r.identity.num_workers),
     C("repeats", "repeats", lambda r: r.throughput.repeats),
     C(None, "global_batch_size", lambda r: r.facts.global_batch_size),
-    C("img/s median", "images_per_sec_median", lambda r: r.throughput.median, number(".1f"),
+    C("images/s median", "images_per_sec_median", lambda r: r.throughput.median, number(".1f"),
       "images/s = global batch x timed steps / the slowest rank's wall clock from the end of the warm-up to its "
       "last step"),
     C("interval", None, lambda r: r, interval_text),
@@ -210,13 +210,13 @@ def definitions() -> str:
 
 # -- the other tables of a job -----------------------------------------------------------------------------------
 def _cell_cells(r: Row) -> list[str]:
-    """The first cells of a row in every per-row table: label, replicas, layout, workers, repeats, img/s median."""
+    """The first cells of a row in every per-row table: label, replicas, layout, workers, repeats, images/s median."""
     i = r.identity
     return [i.label, str(i.world_size), i.layout, str(i.num_workers), str(r.throughput.repeats),
             fmt_num(r.throughput.median, ".1f")]
 
 
-CELL_HEADER = ("backend", "replicas", "layout", "workers", "repeats", "img/s median")
+CELL_HEADER = ("backend", "replicas", "layout", "workers", "repeats", "images/s median")
 
 
 def ratio_text(ratio: float | None, ci: tuple[float, float] | None) -> str:
@@ -235,8 +235,9 @@ def _like_for_like(q: RatioRow) -> str:
 def ratio_table(summary: JobSummary) -> Table:
     """registry.RATIO per world size (and layout)."""
     header: tuple[str, ...] = (
-        "replicas", "layout", f"{RATIO_DEN} img/s", f"{RATIO_NUM} img/s", f"{RATIO_NUM}/{RATIO_DEN} [bootstrap 95% CI]",
-        f"workers ({RATIO_DEN} / {RATIO_NUM})", f"collective ({RATIO_DEN} / {RATIO_NUM})", "like for like")
+        "replicas", "layout", f"{RATIO_DEN} images/s", f"{RATIO_NUM} images/s",
+        f"{RATIO_NUM}/{RATIO_DEN} [bootstrap 95% CI]", f"workers ({RATIO_DEN} / {RATIO_NUM})",
+        f"collective ({RATIO_DEN} / {RATIO_NUM})", "like for like")
     body = [[str(q.world_size), q.layout or NA, fmt_num(q.den_ips, ".1f"), fmt_num(q.num_ips, ".1f"),
              ratio_text(q.ratio, q.ratio_ci),
              f"{q.den_workers if q.den_workers is not None else NA} / "
@@ -298,9 +299,9 @@ def resources_part(summary: JobSummary) -> list[Block]:
     return [Heading("Memory and energy", 3), table(header, body), Para(note)]
 
 
-BEST_NOTE = ("Fastest = the highest median img/s among a backend's variants at that size (its default strategy "
-             "only); the maximum of several noisy medians favours a lucky variant, so check its interval in the "
-             "scaling table before trusting a small gap.")
+BEST_NOTE = ("Fastest = the highest median images/s among a backend's variants at that size and layout (its default "
+             "strategy only; layouts are never compared with each other); the maximum of several noisy medians "
+             "favours a lucky variant, so check its interval in the scaling table before trusting a small gap.")
 
 
 def best_part(summary: JobSummary) -> list[Block]:
@@ -310,16 +311,17 @@ def best_part(summary: JobSummary) -> list[Block]:
     if not cells:
         return []
     f = fmt_num
-    body = [[c.backend, str(c.world_size), f(c.default.throughput.median if c.default else None, ".1f"),
+    body = [[c.backend, str(c.world_size), c.layout, f(c.default.throughput.median if c.default else None, ".1f"),
              c.best_name, f(c.best.throughput.median, ".1f"),
              f(c.best.throughput.median / c.default.throughput.median if c.default else None, ".3f")] for c in cells]
     out: list[Block] = [Heading("Best vs best", 3), table(
-        ("backend", "replicas", "default img/s", "fastest variant", "fastest img/s", "fastest / default"), body)]
-    ratios = [[str(q.world_size), f(q.default_ratio, ".3f"), f(q.best_ratio, ".3f"), q.den_best, q.num_best]
+        ("backend", "replicas", "layout", "default images/s", "fastest variant", "fastest images/s",
+         "fastest / default"), body)]
+    ratios = [[str(q.world_size), q.layout, f(q.default_ratio, ".3f"), f(q.best_ratio, ".3f"), q.den_best, q.num_best]
               for q in best_ratios(cells)]
     if ratios:
-        out.append(table(("replicas", f"{RATIO_NUM}/{RATIO_DEN} defaults", f"{RATIO_NUM}/{RATIO_DEN} fastest",
-                          f"fastest {RATIO_DEN}", f"fastest {RATIO_NUM}"), ratios))
+        out.append(table(("replicas", "layout", f"{RATIO_NUM}/{RATIO_DEN} defaults",
+                          f"{RATIO_NUM}/{RATIO_DEN} fastest", f"fastest {RATIO_DEN}", f"fastest {RATIO_NUM}"), ratios))
     return [*out, Para(BEST_NOTE)]
 
 
@@ -329,7 +331,7 @@ def baselines(summary: JobSummary) -> list[str]:
     for series in dict.fromkeys(r.identity.series for r in summary.rows):
         base = next((r for r in summary.rows if r.identity.series == series and r.identity.world_size == 1), None)
         if base is not None:
-            out.append(f"{series}: 1 replica ({base.identity.layout}), {base.throughput.median:.1f} img/s median of "
+            out.append(f"{series}: 1 replica ({base.identity.layout}), {base.throughput.median:.1f} images/s median of "
                        f"{base.throughput.repeats} repeat(s), {interval_text(base)}")
     return out
 
@@ -424,7 +426,7 @@ def _run_files(s: JobSummary, results_dir: Path | None) -> Box:
             except ValueError:
                 pass
         reps = f"{r.world_size} replica{'' if r.world_size == 1 else 's'}"
-        files.append(f"`{p}`: {row_label(r)}, {reps}, {float(r.images_per_sec):.1f} img/s")
+        files.append(f"`{p}`: {row_label(r)}, {reps}, {float(r.images_per_sec):.1f} images/s")
     return Box("details", (Bullets(tuple(files)),), "Run files")
 
 
@@ -489,4 +491,21 @@ def report(summaries: Sequence[JobSummary], *, results_dir: Path | None = None,
             Para(f"Definitions: {definitions()}.", note=True)]
     for s in summaries:
         out += job_section(s, results_dir=results_dir, images=(images or {}).get(s.job_hash, ()))
-    return out + list(after_jobs)
+    unit = IMAGES if all(s.unit == IMAGES for s in summaries) else SAMPLES  # images are samples too
+    return [with_unit(b, unit) for b in [*out, *after_jobs]]
+
+
+def with_unit(block: Block, unit: str) -> Block:
+    """The block's text in ``unit`` (base.in_unit)."""
+    if unit == IMAGES:
+        return block
+    if isinstance(block, Heading | Para):
+        return replace(block, text=in_unit(block.text, unit))
+    if isinstance(block, Bullets):
+        return Bullets(tuple(in_unit(i, unit) for i in block.items))
+    if isinstance(block, Table):
+        return Table(tuple(in_unit(h, unit) for h in block.header),
+                     tuple(tuple(in_unit(c, unit) for c in row) for row in block.body))
+    if isinstance(block, Box):
+        return Box(block.kind, tuple(with_unit(b, unit) for b in block.blocks), block.summary)
+    return block

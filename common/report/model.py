@@ -38,6 +38,7 @@ def allreduce_part(benches: Sequence[AllreduceRecord], image: str | None = None)
 
 
 MAX_EXTRAPOLATION = 4  # the model's table goes at most this factor beyond the largest measured size by default
+ABOVE_BOUND = 1.05  # a measured step this far above the no-overlap prediction is flagged (5%: beyond a median's noise)
 
 
 def extrapolation_sizes(largest: int, extrapolate_to: int | None = None) -> list[int]:
@@ -91,14 +92,23 @@ def _backend_model(summary: JobSummary, backend: str, benches: Sequence[Allreduc
              f"({fit.alpha_hop * 1e6:.2f} us per ring hop), bus bandwidth {fit.bus_bandwidth / 1e9:.3f} GB/s. "
              "Step(N) = compute + 2(N-1) x hop latency + 2(N-1)/N x S / B, no overlap (an upper bound).")]
     measured = {r.identity.world_size: r for r in summary.rows if r.identity.label == backend}
-    body = []
+    body, above = [], []
     for n in sorted(measured):
         p = scaling.predict(tc, grad, fit, n)
         m = measured[n]
         body.append([str(n), fmt_num(m.steps.p50, ".2f", 1e3), fmt_num(p["step_time"], ".2f", 1e3),
                      fmt_num(m.scaling.efficiency, ".1f", 100, "%"), fmt_num(p["efficiency"], ".1f", 100, "%")])
+        if n > 1 and m.steps.p50 is not None and m.steps.p50 > ABOVE_BOUND * p["step_time"]:
+            above.append(f"{n} replicas: {m.steps.p50 * 1e3:.2f} ms measured vs {p['step_time'] * 1e3:.2f} ms")
     blocks.append(table(("replicas", "measured step p50 (ms)", "predicted step (ms)", "measured efficiency",
                          "predicted efficiency"), body))
+    if above:
+        blocks.append(Para(f"**Measured above the model's upper bound** ({'; '.join(above)}): the step costs more "
+                           "than computing and then all-reducing without any overlap, so the model misses a cost of "
+                           "these runs that neither the 1-replica step nor the allreduce benchmark shows: ranks "
+                           "contending for the cores or memory bandwidth, input the step waits for, a link slower "
+                           "under training traffic than in the benchmark, or synchronisation. Its predictions here, "
+                           "and the extrapolation, are optimistic."))
     sizes = extrapolation_sizes(max(measured), extrapolate_to)
     if not sizes:
         return blocks

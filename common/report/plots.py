@@ -105,7 +105,7 @@ def _throughput(s: JobSummary, styles: Mapping[str, Style], sizes: Sequence[int]
                     label=f"{b} ideal (linear from 1 replica)")
     _setup_x(ax, sizes)
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("images / s (bars: 95% CI of median, or min-max)")
+    ax.set_ylabel(f"{s.unit} (bars: 95% CI of median, or min-max)")
     ax.set_title(f"throughput — {title}", fontsize=9)
     ax.legend(fontsize=8)
     return _png_bytes(fig)

@@ -59,7 +59,7 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.
 h1 { font-size: 1.6em; } h2 { font-size: 1.3em; border-bottom: 1px solid #ccc; margin-top: 2em; }
 h3 { font-size: 1.1em; margin-top: 1.4em; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.6em 0; display: block; overflow-x: auto; }
-th, td { border: 1px solid #bbb; padding: 0.25em 0.5em; text-align: right; white-space: nowrap; }
+th, td { border: 1px solid #bbb; padding: 0.25em 0.4em; text-align: right; vertical-align: top; }
 th { background: #eef2f7; } td:first-child, th:first-child { text-align: left; }
 tr:nth-child(even) td { background: #fafafa; }
 .plots img { max-width: 100%; width: 620px; margin: 0.3em; border: 1px solid #ddd; }
@@ -147,14 +147,14 @@ def format_csv(summaries: Sequence[JobSummary], columns: Sequence[doc.Column] | 
 # -- one job's tables as Markdown (the command line prints them) -------------------------------------------------
 def format_table(summary: JobSummary) -> str:
     """The job's scaling table in Markdown."""
-    return _md_block(doc.scaling_table(summary))
+    return _md_block(doc.with_unit(doc.scaling_table(summary), summary.unit))
 
 
 def format_ratio_table(summary: JobSummary) -> str:
     """registry.RATIO median throughput per world size in Markdown."""
-    return _md_block(doc.ratio_table(summary))
+    return _md_block(doc.with_unit(doc.ratio_table(summary), summary.unit))
 
 
 def format_section(summary: JobSummary, results_dir: Path | None = None) -> str:
     """One job's whole section in Markdown."""
-    return markdown(doc.job_section(summary, results_dir=results_dir))
+    return markdown([doc.with_unit(b, summary.unit) for b in doc.job_section(summary, results_dir=results_dir)])

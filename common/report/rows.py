@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from common.cluster.machine import section
 from common.core import registry
 from common.core.results import EVALUATION_META, RunRecord
-from common.report.base import NA
+from common.report.base import IMAGES, NA, SAMPLES
 from common.report.stats import Interval, median, num
 
 RATIO_NUM, RATIO_DEN = registry.RATIO  # numerator and denominator of the throughput ratio
@@ -79,10 +79,12 @@ class Identity:
     series: str = ""  # the rows sharing a speedup baseline: plain label + hardware, no node count ("": plain)
     variant: str | None = None  # the runs' tuning variant (``RunRecord.tuning_variant``); None: default knobs
     comparable: bool = True  # the backend's default way of training (strategy, synchronous): in best vs best
+    family: str = ""  # the label without its tuning variant (machine kept): what --baseline matches on ("": label)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plain", self.plain or self.label)
         object.__setattr__(self, "series", self.series or self.plain)
+        object.__setattr__(self, "family", self.family or self.label)
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,7 @@ class RunFacts:
     final_loss: float | None  # median over repeats of the last step's loss
     collective: str | None  # ``RunRecord.collective_used`` of the repeats ("a, b" if they differ); None: unknown
     files: list[str]  # the repeats' results files
+    same_batches: int = 0  # repeats whose ranks all got the same first batches (an input function not sharding)
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,12 @@ class JobSummary:
     def records(self) -> list[RunRecord]:
         return [r.record for r in self.runs]
 
+    @property
+    def unit(self) -> str:
+        """Its throughput's unit: images/s for one of twinbench's datasets (all images: common.workload.datasets),
+        samples/s for the user's own ("package.module:function": arrays or an input function, of anything)."""
+        return SAMPLES if ":" in str(self.job.get("dataset", "")) else IMAGES
+
 
 def order_backends(names: Iterable[str]) -> list[str]:
     """The registry's backends in its order, then any other backend found in results, sorted."""
@@ -302,13 +311,14 @@ def order_backends(names: Iterable[str]) -> list[str]:
     return [b for b in known if b in names] + sorted(names - set(known))
 
 
-def row_label(run: RunRecord) -> str:
+def row_label(run: RunRecord, tuning: bool = True) -> str:
     """The backend column of a run's row: its backend, or with a strategy other than the default e.g. "native
     (mirrored)", with tuning knobs not at their defaults e.g. "horovod (fusion 32 MiB)", and for an asynchronous
     run (``RunRecord.asynchronous``: parameter-server training) "native (parameter_server, asynchronous)": rows of
     their own, never merged with the default's, outside the backend ratio (which compares the backends' default
-    ways of training; variants meet in the report's best vs best table)."""
-    parts = [s for s in (run.strategy, run.tuning_variant) if s]
+    ways of training; variants meet in the report's best vs best table). ``tuning=False``: without the tuning
+    variant (what a baseline matches cells on)."""
+    parts = [s for s in (run.strategy, run.tuning_variant if tuning else None) if s]
     if run.asynchronous is True:
         parts = [*(parts or ["?"]), "asynchronous"]
     return f"{run.backend} ({', '.join(parts)})" if parts else str(run.backend)
@@ -339,7 +349,7 @@ def input_text(row: Row) -> str:
 TTT_METHOD = (
     "time to target = wall time from the first training step to the end of the first evaluation at which the job's "
     "target_metric reached target_value (>= for a metric, <= for the loss), evaluations included (they are excluded "
-    "from img/s and the step times); median over the repeats that reached it, \"reached\" counts them; final "
+    "from images/s and the step times); median over the repeats that reached it, \"reached\" counts them; final "
     "validation = median over repeats of the last evaluation's numbers (the loss is the data loss, without "
     "regularisation)"
 )
@@ -380,3 +390,12 @@ def validation_names(runs: Sequence[RunRecord]) -> list[str]:
         if ev:
             names.update(dict.fromkeys(k for k in ev[-1] if k not in EVALUATION_META))
     return sorted(names, key=lambda k: (k != "loss", k))
+
+
+def same_first_batches(run: RunRecord) -> bool:
+    """The run's ranks (two or more) all got the same first batches: the fingerprints an input function's runs record
+    per rank (``input.pipeline.per_rank``) are all equal, so its workers trained on the same data."""
+    pipeline = run.input.get("pipeline") if isinstance(run.input, Mapping) else None
+    per_rank = pipeline.get("per_rank") if isinstance(pipeline, Mapping) else None
+    prints = [r.get("fingerprint") for r in per_rank if isinstance(r, Mapping)] if isinstance(per_rank, list) else []
+    return len(prints) > 1 and None not in prints and len(set(map(str, prints))) == 1

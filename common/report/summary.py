@@ -32,6 +32,7 @@ from common.report.rows import (
     row_label,
     row_resources,
     row_validation,
+    same_first_batches,
 )
 from common.report.stats import MIN_CI_RUNS, median, median_interval, num, ratio_interval
 
@@ -61,14 +62,16 @@ def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
         label=f"{label} [{key.suffix()}]" if key.suffix() else label, backend=str(first.backend),
         world_size=first.world_size, num_workers=first.num_workers, layout=runs[0].layout.text, plain=label,
         series=f"{label} [{hw}]" if hw else label, variant=first.tuning_variant,  # one label, one variant
-        comparable=first.strategy is None and first.asynchronous is not True)
+        comparable=first.strategy is None and first.asynchronous is not True,
+        family=" ".join(p for p in (row_label(first, tuning=False), f"[{key.suffix()}]" if key.suffix() else "") if p))
     return Row(
         identity=identity,
         machine=Machine(key.suffix(), hw, key.nodes, gpu),
         throughput=Throughput(ips, statistics.median(ips), median_interval(ips)),
         steps=_step_times(recs),
         facts=RunFacts(gbs.most_common(1)[0][0] if gbs else None, median(_final_loss(r) for r in recs),
-                       ", ".join(used) if used else None, [r.path or "?" for r in runs]),
+                       ", ".join(used) if used else None, [r.path or "?" for r in runs],
+                       sum(same_first_batches(r) for r in recs)),
         input=_input_wait(recs),
         validation=row_validation(recs),
         resources=row_resources(recs, gpu),
@@ -278,6 +281,12 @@ def run_notes(job: Mapping[str, Any], runs: Sequence[LoadedRun], rows: list[Row]
             notes.append(f"{row.identity.label} at {row.identity.world_size} replicas: its repeats used different "
                          f"collectives ({row.facts.collective}); pin one (native --comm) to compare like with like")
     _input_notes(records, notes)
+    for row in rows:
+        if row.facts.same_batches:
+            notes.append(f"{row.identity.label} at {row.identity.world_size} replicas: in {row.facts.same_batches} "
+                         f"of {row.throughput.repeats} repeat(s) every rank got the same first batches (the input "
+                         "function's fingerprints, input.pipeline): it does not shard by "
+                         "input_context.input_pipeline_id, so the workers trained on the same data")
 
 
 def _variant_notes(records: Sequence[RunRecord], notes: list[str]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.report.base import md_escape, plain
+from common.report.base import in_unit, md_escape, plain
 from common.report.machines import binding_mix
 from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row, memory_text, order_backends
 from common.report.stats import MIN_CI_RUNS, NEEDS_RUNS
@@ -107,6 +107,11 @@ def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
     for r in (d, n):
         if r.input.verdict in INPUT_BOUND:
             out.append(f"{r.identity.backend} {r.input.verdict}")
+    for r in (d, n):
+        if r.facts.same_batches:
+            out.append(f"{r.identity.backend}'s ranks all got the same first batches in {r.facts.same_batches} of "
+                       f"{r.throughput.repeats} run(s): its input function does not shard, every worker trained on "
+                       "the same data")
     if d.identity.layout != n.identity.layout or d.identity.num_workers != n.identity.num_workers:
         out.append(f"different layouts ({RATIO_DEN} {d.identity.layout} with {d.identity.num_workers} workers, "
                    f"{RATIO_NUM} {n.identity.layout} with {n.identity.num_workers})")
@@ -114,7 +119,7 @@ def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
         out.append(f"mixed software versions ({'; '.join(s.version_mix)})")
     if binding_mix(s.records):
         out.append("CPU binding differs between runs")
-    best = next((b for b in best_ratios(best_rows(s)) if b.world_size == q.world_size), None)
+    best = next((b for b in best_ratios(best_rows(s)) if (b.world_size, b.layout) == (q.world_size, q.layout)), None)
     if best is not None and best.best_ratio is not None and (best.den_best, best.num_best) != ("default", "default"):
         out.append(f"tuned variants ran: best vs best {RATIO_NUM}/{RATIO_DEN} {best.best_ratio:.3f} "
                    f"({RATIO_DEN} {best.den_best}, {RATIO_NUM} {best.num_best})")
@@ -152,7 +157,7 @@ def verdict_lines(summaries: Sequence[JobSummary]) -> list[str]:
         vs = job_verdicts(s)
         if vs:
             out.append(plain(verdict_title(s)))
-            out += [f"  {v.text}" for v in vs]
+            out += [f"  {in_unit(v.text, s.unit)}" for v in vs]
     return out
 
 
@@ -166,11 +171,13 @@ VERDICT_NOTE = (f"Faster = higher median images/s; the interval is the bootstrap
 # -- best vs best --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BestRow:
-    """One backend at one world size: its default-knob row and its fastest row (the default itself, possibly)."""
+    """One backend at one world size and layout: its default-knob row and its fastest row (the default itself,
+    possibly)."""
 
     backend: str
     world_size: int
-    default: Row | None  # None: only variants ran at this size
+    layout: str  # nodes x ranks per node: best vs best never compares two layouts
+    default: Row | None  # None: only variants ran at this size and layout
     best: Row
 
     @property
@@ -180,9 +187,11 @@ class BestRow:
 
 @dataclass(frozen=True)
 class BestRatio:
-    """``registry.RATIO`` at one world size, of the defaults and of the fastest variants (None: a side is missing)."""
+    """``registry.RATIO`` at one world size and layout, of the defaults and of the fastest variants (None: a side is
+    missing)."""
 
     world_size: int
+    layout: str
     default_ratio: float | None
     best_ratio: float | None
     den_best: str  # the denominator's fastest variant ("default" or its label)
@@ -194,30 +203,32 @@ def _fastest(rows: list[Row]) -> Row | None:
 
 
 def best_rows(s: JobSummary) -> list[BestRow]:
-    """Per backend (registry order) and world size, the default and the fastest row; empty without variants."""
+    """Per backend (registry order), world size and layout, the default and the fastest row; empty without
+    variants."""
     rows = [r for r in s.rows if r.identity.comparable]
     if not any(r.identity.variant for r in rows):
         return []
     out = []
     for b in order_backends(r.identity.backend for r in rows):
-        for ws in sorted({r.identity.world_size for r in rows if r.identity.backend == b}):
-            cell = [r for r in rows if r.identity.backend == b and r.identity.world_size == ws]
+        mine = [r for r in rows if r.identity.backend == b]
+        for ws, layout in sorted(dict.fromkeys((r.identity.world_size, r.identity.layout) for r in mine)):
+            cell = [r for r in mine if (r.identity.world_size, r.identity.layout) == (ws, layout)]
             best = _fastest(cell)
-            assert best is not None  # the cell holds at least the row that put ws in the set
-            out.append(BestRow(b, ws, _fastest([r for r in cell if r.identity.variant is None]), best))
+            assert best is not None  # the cell holds at least the row that put (ws, layout) in the set
+            out.append(BestRow(b, ws, layout, _fastest([r for r in cell if r.identity.variant is None]), best))
     return out
 
 
 def best_ratios(cells: list[BestRow]) -> list[BestRatio]:
-    """The backend ratio at every world size where both backends have rows."""
+    """The backend ratio at every world size and layout where both backends have rows (never across layouts)."""
     out = []
-    for ws in sorted({c.world_size for c in cells}):
-        by = {c.backend: c for c in cells if c.world_size == ws}
+    for ws, layout in sorted(dict.fromkeys((c.world_size, c.layout) for c in cells)):
+        by = {c.backend: c for c in cells if (c.world_size, c.layout) == (ws, layout)}
         den, num = by.get(RATIO_DEN), by.get(RATIO_NUM)
         if den is None or num is None:
             continue
         default = num.default.throughput.median / den.default.throughput.median if num.default and den.default \
             else None
-        out.append(BestRatio(ws, default, num.best.throughput.median / den.best.throughput.median, den.best_name,
-                             num.best_name))
+        out.append(BestRatio(ws, layout, default, num.best.throughput.median / den.best.throughput.median,
+                             den.best_name, num.best_name))
     return out
