@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common.core import registry
 from common.report.base import ReportError
-from common.report.baseline import EXIT_SLOWER, baseline_table, parse_tolerance
+from common.report.baseline import EXIT_SLOWER, EXIT_UNCOMPARED, baseline_table, parse_tolerance
 from common.report.build import Report, ReportOptions, build_report
 from common.report.converge import EXIT_CONVERGED, EXIT_NOT_YET, check, converged, format_checks, parse_width
 from common.report.load import load_set, select_jobs
@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", type=Path, action="append", default=[], metavar="OLD",
                    help="compare every cell with the same cell of the results in OLD (repeatable: one set): change "
                         "of median throughput with its bootstrap interval, final loss and validation, the software "
-                        "stacks' differences; exit 4 when a cell is slower beyond --tolerance")
+                        f"stacks' differences; exit {EXIT_SLOWER} when a cell is slower beyond --tolerance, "
+                        f"{EXIT_UNCOMPARED} when a cell could not be compared")
     p.add_argument("--tolerance", metavar="T", help="with --baseline: the change that counts, e.g. 5%% or 0.05 "
                                                     "(default 5%%)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the paths written, not the tables")
@@ -83,7 +84,8 @@ def _until(args: argparse.Namespace, job: dict | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 2 bad input or a refused comparison; with --until 0 every
-    cell converged, 1 not yet; with --baseline 4 when a cell is slower than OLD beyond the tolerance)."""
+    cell converged, 1 not yet; with --baseline 4 (EXIT_SLOWER) when a cell is slower than OLD beyond the tolerance,
+    else 5 (EXIT_UNCOMPARED) when a cell of one side has no counterpart in the other)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.set and args.job is None:
@@ -130,4 +132,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nAgainst the baseline:\n" + md_table(*baseline_table(rep.baseline.changes)))
         print("\n".join(rep.baseline.lines()[:-1]))
     print(rep.baseline.summary_line())
-    return EXIT_SLOWER if rep.baseline.slower else 0
+    return rep.baseline.exit_status
