@@ -28,7 +28,7 @@ from common.report.load import (
     sort_allreduce,
 )
 from common.report.model import allreduce_part, breakdown_cells, breakdown_part, format_model
-from common.report.plots import plot_allreduce, plot_breakdown, plot_job
+from common.report.render import plot_allreduce, plot_breakdown, plot_job
 from common.report.rows import JobSummary, LoadedRun
 from common.report.summary import summarize
 
