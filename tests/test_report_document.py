@@ -6,7 +6,11 @@ Fast (no TensorFlow): results JSONs written by hand, as in tests/test_report.py.
 from __future__ import annotations
 
 import csv
+import json
+import os
 import re
+import shutil
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -16,7 +20,10 @@ from common.core.results import BreakdownRecord
 from common.report import document
 from common.report.build import ReportOptions, build_report
 from common.report.document import Column, number
-from common.report.load import recompute_job_hash
+from common.report.load import load_runs, recompute_job_hash
+from common.report.rows import JobSummary
+from common.report.summary import summarize
+from common.workload.job import Job
 from tests.test_report import make_run, put
 from tests.test_report_model import GRAD, bench
 
@@ -132,10 +139,8 @@ window.addEventListener('load', () => {
 def wide_results(d: Path) -> None:
     """The widest cells a scaling table gets: long labels, min-max intervals, input-bound rows, a target."""
     wait = {"method": "fetch", "wait_fraction": 0.047, "kept_up": False, "input_bound": "moderately", "threshold": 0.02}
-    job = {"target_metric": "loss", "target_value": 0.5}
-    from common.workload.job import Job
-
-    j = Job(name="a text classifier with a long name", per_replica_batch_size=16, steps=12, **job)
+    j = Job(name="a text classifier with a long name", per_replica_batch_size=16, steps=12, target_metric="loss",
+            target_value=0.5)
     evals = [{"step": 12, "loss": 0.4, "accuracy": 0.9}]
     for b, tuning in (("native", None), ("horovod", {"variant": "fusion 32 MiB, cycle 10 ms"})):
         for n in (1, 2, 4):
@@ -148,12 +153,10 @@ def wide_results(d: Path) -> None:
 def test_the_scaling_table_fits_a_1280_px_window(tmp_path: Path) -> None:
     """Every column of the scaling table is visible in headless Chromium at 1280 px: no header cell ends right of
     the window."""
-    import json
-    import shutil
-    import subprocess
-
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (scripts/setup.sh installs it with TWINBENCH_WITH_SLURM=1)")
         pytest.skip("chromium is not installed")
     wide_results(tmp_path / "r")
     build_report(tmp_path / "r", tmp_path / "o", ReportOptions(plots=False))
@@ -173,10 +176,7 @@ def test_the_scaling_table_fits_a_1280_px_window(tmp_path: Path) -> None:
     assert all(right <= WIDTH for _, right in scaling), scaling
 
 
-def _summary(d: Path):  # noqa: ANN202
-    from common.report.load import load_runs
-    from common.report.summary import summarize
-
+def _summary(d: Path) -> JobSummary:
     return summarize(load_runs(d))[0]
 
 

@@ -67,7 +67,7 @@ class Images:
 @dataclass(frozen=True)
 class Code:
     text: str
-    lang: str = ""
+    lang: str = ""  # the fenced block's language ("": none)
 
 
 @dataclass(frozen=True)
