@@ -1,6 +1,6 @@
 """Structure rules the project keeps (run by ``make test`` and so by CI); exit 1 naming every breach.
 
-- no function longer than 80 lines, no module longer than 450 lines;
+- no function longer than 80 lines, no module longer than 450 lines (``LONG_MODULES`` names the exceptions);
 - no import cycle among the project's modules (imports inside functions count: a lazy cycle is still a cycle);
 - the backends are listed only in ``common/core/registry.py``: outside it and ``backends/`` (and outside the tests
   of named backends; the shared test helpers in tests/conftest.py count), no list, tuple, set or dict literal names
@@ -29,6 +29,10 @@ from common.core import registry  # noqa: E402
 PACKAGES = ("backends", "common", "bench", "scripts", "tests", "jobs")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 450
+# Modules allowed to be longer, and why (one cohesive module that reads better than a split):
+LONG_MODULES = {
+    "common/report/document.py": 520,  # what the report says, once: every section and table of it in one place
+}
 
 
 def project_files() -> list[Path]:
@@ -213,8 +217,9 @@ def main() -> int:
         where = str(path.relative_to(REPO))
         text = path.read_text()
         lines = text.count("\n") + (0 if text.endswith("\n") else 1)
-        if lines > MAX_MODULE_LINES:
-            problems.append(f"{where}: module has {lines} lines (max {MAX_MODULE_LINES})")
+        limit = LONG_MODULES.get(where, MAX_MODULE_LINES)
+        if lines > limit:
+            problems.append(f"{where}: module has {lines} lines (max {limit})")
         tree = ast.parse(text, filename=where)
         problems += long_functions(tree, where)
         problems += objective_outside_home(tree, where)

@@ -14,8 +14,9 @@ import pytest
 
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord, RecordError
 from common.diagnostics import breakdown as bd
-from common.report.build import allreduce_time_at, build_report
+from common.report.build import ReportOptions, build_report
 from common.report.load import load_breakdowns, load_runs, recompute_job_hash
+from common.report.model import allreduce_time_at
 from tests.conftest import PY, backend_cmd, first_divergence, run
 from tests.test_parity import RTOL
 
@@ -126,7 +127,7 @@ def test_report_shows_the_bar_and_names_the_largest_difference(tmp_path):
 
 def test_report_of_breakdowns_only(tmp_path):
     write(tmp_path / "b.json", synthetic("native", 1, 0.0))
-    build_report(tmp_path, tmp_path / "out", plots=False, warn=lambda m: None)
+    build_report(tmp_path, tmp_path / "out", options=ReportOptions(plots=False), warn=lambda m: None)
     assert "Step-time breakdown" in (tmp_path / "out" / "report.md").read_text()
 
 

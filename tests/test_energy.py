@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from common.cluster import energy, machine
-from common.report import build_report, summarize
+from common.report.build import ReportOptions, build_report
+from common.report.summary import summarize
 from tests.test_machine import HOST_GPUS, FakeNVMLError, fake_pynvml, fake_tf, one_rank_run
 from tests.test_report import make_run, put
 
@@ -75,7 +76,7 @@ def test_report_shows_energy_gpu_hours_and_gpu_memory(tmp_path: Path) -> None:
                         **gpu))
         put(d, make_run("horovod", 2, 3300.0 + i, run_id=f"h{i}", **gpu))  # measured nothing
     put(d, make_run("native", 1, 50.0, run_id="cpu", job=make_cpu_job()))  # a CPU run of another job
-    build_report(d, plots=False)
+    build_report(d, options=ReportOptions(plots=False))
     md = (d / "report" / "report.md").read_text()
     table = md.split("### Memory and energy")[1].split("###")[0]
     native = next(x for x in table.splitlines() if x.startswith("| native | 2 |"))

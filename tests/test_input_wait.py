@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from common import report
-from common.report.summary import input_text
+from common.report.render import format_csv, format_section
+from common.report.rows import input_text
+from common.report.summary import summarize
 from tests.conftest import backend_cmd, base_env, only_result, pause_vars, run, slow_input_vars
 from tests.test_report import make_run
 
@@ -40,7 +41,7 @@ def test_report_shows_the_input_wait_per_row():
             make_run("native", 4, 90.0, input=ps_input, asynchronous=True,
                      backend_info={"strategy": "parameter_server"}, run_id="g"),
             make_run("native", 4, 300.0, run_id="h")]  # an older file: no input field
-    [s] = report.summarize(runs)
+    [s] = summarize(runs)
     rows = {(r.identity.label, r.identity.world_size): r for r in s.rows}
     text = {k: input_text(r) for k, r in rows.items()}
     assert text[("native", 1)] == "0.5% kept up"  # median of 0.4% and 0.6%
@@ -52,9 +53,9 @@ def test_report_shows_the_input_wait_per_row():
     assert any("input wait not measured (the workers fetch their own batches)" in n for n in s.notes)
     assert any(n.startswith("input wait:") and "input + between steps" in n and "below 5% kept up" in n
                for n in s.notes)
-    md = report.format_section(s)
+    md = format_section(s)
     assert "| input wait |" in md and "| 13.0% highly input-bound |" in md
-    csv_rows = {(r["backend"], r["world_size"]): r for r in csv.DictReader(io.StringIO(report.format_csv([s])))}
+    csv_rows = {(r["backend"], r["world_size"]): r for r in csv.DictReader(io.StringIO(format_csv([s])))}
     assert csv_rows[("native", "2")]["input_verdict"] == "highly input-bound"
     assert float(csv_rows[("native", "2")]["input_wait_fraction"]) == pytest.approx(0.13)
     assert csv_rows[("horovod", "1")]["input_method"] == "gap" and csv_rows[("native", "4")]["input_method"] == ""

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from backends import horovod, horovod_knobs
-from common import report
 from common.core.contract import Knob, tuning_record
-from common.report.summary import row_label
+from common.report.build import ReportOptions, build_report
+from common.report.load import load_runs
+from common.report.rows import row_label
+from common.report.summary import summarize
 from common.sweep import cli, plan, slurm
 from tests.conftest import SMOKE
 from tests.test_report import make_run, md_row, put, record
@@ -157,7 +159,7 @@ def variant_runs(d: Path) -> None:
 
 def test_runs_with_other_knobs_get_rows_of_their_own(tmp_path):
     variant_runs(tmp_path / "r")
-    (s,) = report.summarize(report.load_runs(tmp_path / "r"))
+    (s,) = summarize(load_runs(tmp_path / "r"))
     rows = {(r.identity.label, r.identity.world_size): r for r in s.rows}
     assert set(rows) == {("native", 1), ("native", 2), ("native (packs 32 MiB)", 2), ("horovod", 1), ("horovod", 2),
                          ("horovod (fusion 32 MiB)", 1), ("horovod (fusion 32 MiB)", 2)}
@@ -174,15 +176,15 @@ def test_runs_with_other_knobs_get_rows_of_their_own(tmp_path):
 
 def test_best_vs_best_table(tmp_path):
     variant_runs(tmp_path / "r")
-    report.write_report(tmp_path / "r", tmp_path / "o", plots=False)
+    build_report(tmp_path / "r", tmp_path / "o", ReportOptions(plots=False))
     md = (tmp_path / "o" / "report.md").read_text()
     best = md.split("### Best vs best", 1)[1].split("###", 1)[0]
-    assert "| native | 2 | 180.0 | packs 32 MiB | 190.0 | 1.056 |" in best
-    assert "| native | 1 | 100.0 | default | 100.0 | 1.000 |" in best
-    assert "| horovod | 2 | 200.0 | fusion 32 MiB | 230.0 | 1.150 |" in best
+    assert "| native | 2 | 2x1 | 180.0 | packs 32 MiB | 190.0 | 1.056 |" in best
+    assert "| native | 1 | 1x1 | 100.0 | default | 100.0 | 1.000 |" in best
+    assert "| horovod | 2 | 2x1 | 200.0 | fusion 32 MiB | 230.0 | 1.150 |" in best
     # horovod/native: defaults 200 / 180, fastest 230 / 190
-    assert f"| 2 | {200 / 180:.3f} | {230 / 190:.3f} | packs 32 MiB | fusion 32 MiB |" in best
-    assert f"| 1 | {110 / 100:.3f} | {120 / 100:.3f} | default | fusion 32 MiB |" in best
+    assert f"| 2 | 2x1 | {200 / 180:.3f} | {230 / 190:.3f} | packs 32 MiB | fusion 32 MiB |" in best
+    assert f"| 1 | 1x1 | {110 / 100:.3f} | {120 / 100:.3f} | default | fusion 32 MiB |" in best
     import csv
 
     with open(tmp_path / "o" / "report.csv", newline="") as f:
@@ -194,7 +196,7 @@ def test_best_vs_best_table(tmp_path):
 def test_no_variants_no_best_vs_best(tmp_path):
     put(tmp_path / "r", make_run("native", 1, 100.0, tuning=native_tuning(0)))
     put(tmp_path / "r", make_run("horovod", 1, 110.0, tuning=hvd_tuning()))
-    report.write_report(tmp_path / "r", tmp_path / "o", plots=False)
+    build_report(tmp_path / "r", tmp_path / "o", ReportOptions(plots=False))
     assert "Best vs best" not in (tmp_path / "o" / "report.md").read_text()
 
 
@@ -211,7 +213,7 @@ def test_collectives_in_the_tables_and_ring_vs_nccl_on_gpus_is_not_like_for_like
     d = tmp_path / "r"
     for b, used in (("native", native_used), ("horovod", hvd_used)):
         put(d, make_run(b, 2, 200.0, devices=devices, collective={"requested": "auto", "used": used, "reason": "r"}))
-    report.write_report(d, tmp_path / "o", plots=False)
+    build_report(d, tmp_path / "o", ReportOptions(plots=False))
     md = (tmp_path / "o" / "report.md").read_text()
     assert md_row(md, "native", 2)[-1] == native_used and md_row(md, "horovod", 2)[-1] == hvd_used
     assert (f"| 2 | 2x1 | 200.0 | 200.0 | 1.000 (needs 6 runs per cell) | 2 / 2 | {native_used} / {hvd_used} | "
@@ -222,7 +224,7 @@ def test_collectives_in_the_tables_and_ring_vs_nccl_on_gpus_is_not_like_for_like
 def test_records_without_a_collective_show_na(tmp_path):
     put(tmp_path / "r", make_run("native", 1, 100.0))
     put(tmp_path / "r", make_run("horovod", 1, 100.0))
-    report.write_report(tmp_path / "r", tmp_path / "o", plots=False)
+    build_report(tmp_path / "r", tmp_path / "o", ReportOptions(plots=False))
     md = (tmp_path / "o" / "report.md").read_text()
     assert md_row(md, "native", 1)[-1] == "n/a"
     assert "| 1 | 1x1 | 100.0 | 100.0 | 1.000 (needs 6 runs per cell) | 1 / 1 | n/a / n/a | n/a |" in md

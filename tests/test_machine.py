@@ -22,9 +22,11 @@ import pytest
 from common.cluster import machine
 from common.core.contract import Capabilities, Collective
 from common.core.results import BreakdownRecord
-from common.report import build_report, machines, summarize
-from common.report.environment import short_command
+from common.report import machines
+from common.report.build import ReportOptions, build_report
+from common.report.machines import short_command
 from common.report.render import format_ratio_table
+from common.report.summary import summarize
 from common.training.context import Plan, RunContext
 from common.workload.job import Job
 from tests.test_report import make_run, put
@@ -343,7 +345,7 @@ def test_runs_on_different_cpus_get_rows_of_their_own(tmp_path: Path) -> None:
     assert set(rows) == {("native [AMD EPYC 7742]", 1), ("native [AMD EPYC 7742]", 2),
                          ("native [Intel Xeon Gold 6248]", 1), ("native [Intel Xeon Gold 6248]", 2)}
     assert rows[("native [AMD EPYC 7742]", 2)].scaling.speedup == pytest.approx(1.8)  # against its own CPU's baseline
-    build_report(d, plots=False)
+    build_report(d, options=ReportOptions(plots=False))
     md = (d / "report" / "report.md").read_text()
     section = md.split("### Machine")[1].split("### Environment")[0]
     lines = [x for x in section.splitlines() if x.startswith("- ")]
@@ -383,7 +385,7 @@ def test_old_records_still_report_as_before(tmp_path: Path) -> None:
     d = tmp_path / "results"
     put(d, make_run("native", 1, 100.0, run_id="old"))
     put(d, make_run("native", 2, 190.0, run_id="old2"))
-    build_report(d, plots=True)
+    build_report(d, options=ReportOptions(plots=True))
     md = (d / "report" / "report.md").read_text()
     assert "| native | 1 |" in md and "| native | 2 |" in md and "machine not recorded" in md
     put(d, make_run("native", 2, 150.0, run_id="new", machine=block("C", ranks=2)))
@@ -400,7 +402,7 @@ def test_environment_paths_are_relative_and_name_no_home(tmp_path: Path) -> None
     put(d, make_run("native", 1, 100.0, command=cmd, backend_info={"timeline": f"{d.resolve()}/tl.json"}))
     assert short_command(cmd, d) == ("python3 -m backends.native --job ~/jobs/smoke.toml --results . "
                                      "--profile-dir=~/x")
-    build_report(d, plots=False)
+    build_report(d, options=ReportOptions(plots=False))
     md = (d / "report" / "report.md").read_text()
     env = md.split("### Environment")[1]
     assert "--results ." in env and "./tl.json" in env

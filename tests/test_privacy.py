@@ -48,7 +48,7 @@ def test_home_directories_become_tilde_but_other_paths_stay():
 def test_a_job_hashes_as_published_so_a_reader_gets_the_same_hash(monkeypatch):
     """The record writes home directories as ~: the hash is of that form, so recomputing it from the record's job
     gives the record's hash, whoever reads it (common.report recomputes it); another path is another job."""
-    from common.report import recompute_job_hash
+    from common.report.load import recompute_job_hash
     from common.workload.job import Job
 
     monkeypatch.setenv("HOME", "/gpfs/home/alice")
@@ -66,7 +66,7 @@ def test_a_run_started_from_a_home_directory_publishes_no_home_path(tmp_path):
     import json
     import shutil
 
-    from common.report import recompute_job_hash
+    from common.report.load import recompute_job_hash
     from tests.conftest import PY, REPO, base_env, only_result, run
 
     home = tmp_path / "alice"

@@ -11,6 +11,9 @@ import pytest
 
 from common.core import registry
 from common.core.contract import Backend, BackendSpec, BaseOptions, Capabilities, Collective, Diagnosis, Knob, RankInfo
+from common.report.load import load_runs
+from common.report.render import format_table
+from common.report.summary import summarize
 from tests.conftest import REPO, base_env
 
 
@@ -105,7 +108,6 @@ def test_shell_helper_prints_each_backends_local_command():
 def test_a_third_backend_plugs_in_by_its_module_and_one_registry_line(monkeypatch, runner, tmp_path):
     """tests/toy_backend.py (one process, identity collectives) and one registry entry: it runs a 1-worker job with
     the shared loop, computes what native computes, and the report gives it its own row, after the registry's."""
-    from common import report
     from common.core.registry import BackendEntry
     from tests.conftest import PY, SMOKE, first_divergence, only_result, run
 
@@ -119,5 +121,5 @@ def test_a_third_backend_plugs_in_by_its_module_and_one_registry_line(monkeypatc
     assert toy["backend"] == "toy" and toy["world_size"] == 1 and toy["collective"]["used"] == "none"
     native = runner("native", *job, workers=1)  # the parity tests' run: same job, same seed
     assert first_divergence(toy["step_losses"], native["step_losses"], 1e-5) is None
-    (summary,) = report.summarize(report.load_runs(tmp_path))
-    assert summary.backends == ["toy"] and "| toy | 1 | 1x1 | 1 | 1 |" in report.format_table(summary)
+    (summary,) = summarize(load_runs(tmp_path))
+    assert summary.backends == ["toy"] and "| toy | 1 | 1x1 | 1 | 1 |" in format_table(summary)

@@ -19,10 +19,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import report  # noqa: E402
 from common.core.results import RunRecord  # noqa: E402
+from common.report.build import ReportOptions, build_report  # noqa: E402
+from common.report.cli import main  # noqa: E402
+from common.report.document import COLUMNS, always  # noqa: E402
+from common.report.load import load_runs  # noqa: E402
+from common.report.render import format_table  # noqa: E402
+from common.report.stats import median, median_interval  # noqa: E402
+from common.report.summary import summarize  # noqa: E402
 from common.workload.job import Job  # noqa: E402
 
+TABLE_HEADER = [c.header for c in COLUMNS if c.header and c.shown is always]  # the columns every job shows
 JOB_A = Job(name="small", per_replica_batch_size=16, steps=12)  # the job most tests use
 JOB_B = Job(name="bigger", per_replica_batch_size=32, steps=20)  # differs from A in two hashed fields
 
@@ -89,19 +96,19 @@ def csv_rows(path: Path) -> dict[tuple[str, str, int], dict[str, str]]:
 def md_row(md: str, backend: str, ws: int) -> list[str]:
     for line in md.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == len(report.TABLE_HEADER) and cells[0] == backend and cells[1] == str(ws):
+        if len(cells) == len(TABLE_HEADER) and cells[0] == backend and cells[1] == str(ws):
             return cells
     raise AssertionError(f"no table row for {backend} x {ws}")
 
 
 def col(cells: list[str], name: str) -> str:
-    return cells[report.TABLE_HEADER.index(name)]
+    return cells[TABLE_HEADER.index(name)]
 
 
 # --------------------------------------------------------------------------------------------------------
 def test_numbers_match_hand_computation(results: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    paths = report.write_report(results, out)
+    paths = build_report(results, out).paths
     assert {p.name for p in paths} >= {"report.md", "report.csv"}
     rows = csv_rows(out / "report.csv")
     h = JOB_A.job_hash
@@ -142,7 +149,7 @@ def test_numbers_match_hand_computation(results: Path, tmp_path: Path) -> None:
     # the same numbers, rounded, in the Markdown table
     md = (out / "report.md").read_text()
     c = md_row(md, "native", 1)
-    assert col(c, "img/s median") == "110.0"
+    assert col(c, "images/s median") == "110.0"
     assert col(c, "interval") == "[100.0, 120.0] min-max (n=3)" and col(c, "layout") == "1x1"
     assert col(c, "step p50 (ms)") == "11.00" and col(c, "step p95 (ms)") == "25.00"
     assert col(c, "first step (s)") == "3.00"
@@ -153,31 +160,31 @@ def test_numbers_match_hand_computation(results: Path, tmp_path: Path) -> None:
     c = md_row(md, "horovod", 4)
     assert col(c, "speedup") == "3.71x" and col(c, "efficiency") == "92.9%"
     assert "| 2 | 2x1 | 195.0 | 206.0 | 1.056 (needs 6 runs per cell) |" in md  # ratio table: 206 / 195
-    assert "native: 1 replica (1x1), 110.0 img/s median of 3 repeat(s)" in md  # the absolute speedup base
+    assert "native: 1 replica (1x1), 110.0 images/s median of 3 repeat(s)" in md  # the absolute speedup base
     assert "## Method" in md and "Binomial(n, 1/2)" in md and "mean" not in col(c, "interval")
     assert "Student-t" not in md and JOB_A.job_hash in md and "small" in md  # method, hash and name stated
     assert "tensorflow 2.18.1" in md and "`node0`" in md  # versions and hosts
 
 
 def test_small_samples_get_min_max_or_nothing() -> None:
-    assert report.median_interval([5.0]) is None
-    iv = report.median_interval([3.0, 1.0, 2.0])
+    assert median_interval([5.0]) is None
+    iv = median_interval([3.0, 1.0, 2.0])
     assert (iv.low, iv.high, iv.kind, iv.text()) == (1.0, 3.0, "min-max", "[1.0, 3.0] min-max (n=3)")
-    assert report.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]).kind == "min-max"  # 5 < 6 repeats
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]).kind == "min-max"  # 5 < 6 repeats
 
 
 def test_api_summarize_and_format(results: Path) -> None:
-    runs = report.load_runs(results)
+    runs = load_runs(results)
     assert len(runs) == 12 and all(r.path and Path(r.path).is_file() for r in runs)
-    (s,) = report.summarize(runs)
+    (s,) = summarize(runs)
     assert s.job_hash == JOB_A.job_hash and s.name == "small" and s.backends == ["native", "horovod"]
-    table = report.format_table(s)
+    table = format_table(s)
     assert table.splitlines()[0].startswith("| backend | replicas |")
     assert len(table.splitlines()) == 2 + 6  # header, rule, 2 backends x 3 world sizes
 
 
 def test_cli_prints_table_and_paths(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(results)]) == 0
+    assert main([str(results)]) == 0
     out = capsys.readouterr().out
     assert "| native | 2 | 2x1 | 2 | 2 | 195.0 |" in out
     for name in ("report.md", "report.csv", f"throughput_{JOB_A.job_hash}.png", f"efficiency_{JOB_A.job_hash}.png"):
@@ -187,7 +194,7 @@ def test_cli_prints_table_and_paths(results: Path, capsys: pytest.CaptureFixture
 
 
 def test_pngs_are_valid(results: Path, tmp_path: Path) -> None:
-    paths = report.write_report(results, tmp_path / "out")
+    paths = build_report(results, tmp_path / "out").paths
     pngs = [p for p in paths if p.suffix == ".png"]
     assert sorted(p.name for p in pngs) == sorted([f"throughput_{JOB_A.job_hash}.png",
                                                    f"efficiency_{JOB_A.job_hash}.png"])
@@ -199,7 +206,7 @@ def test_pngs_are_valid(results: Path, tmp_path: Path) -> None:
 
 
 def test_no_plots(results: Path, tmp_path: Path) -> None:
-    paths = report.write_report(results, tmp_path / "out", plots=False)
+    paths = build_report(results, tmp_path / "out", ReportOptions(plots=False)).paths
     assert sorted(p.name for p in paths) == ["report.csv", "report.html", "report.md"]
 
 
@@ -216,7 +223,7 @@ def two_jobs(tmp_path: Path) -> Path:
 def test_several_jobs_get_separate_sections(tmp_path: Path) -> None:
     d = two_jobs(tmp_path)
     out = tmp_path / "out"
-    report.write_report(d, out)
+    build_report(d, out)
     rows = csv_rows(out / "report.csv")
     assert set(rows) == {(JOB_A.job_hash, b, ws) for b in ("native", "horovod") for ws in (1, 2)} | {
         (JOB_B.job_hash, "native", ws) for ws in (1, 2)}
@@ -231,7 +238,7 @@ def test_several_jobs_get_separate_sections(tmp_path: Path) -> None:
 
 def test_comparing_different_jobs_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = two_jobs(tmp_path)
-    assert report.main([str(d), "--compare", JOB_A.job_hash, JOB_B.job_hash[:8]]) == 2
+    assert main([str(d), "--compare", JOB_A.job_hash, JOB_B.job_hash[:8]]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "runs belong to different jobs" in err
@@ -243,11 +250,11 @@ def test_comparing_different_jobs_is_refused(tmp_path: Path, capsys: pytest.Capt
 def test_job_hash_selects_one_job_and_unknown_hash_is_refused(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     d = two_jobs(tmp_path)
-    assert report.main([str(d), "--job-hash", JOB_B.job_hash[:6], "--out", str(tmp_path / "o")]) == 0
+    assert main([str(d), "--job-hash", JOB_B.job_hash[:6], "--out", str(tmp_path / "o")]) == 0
     rows = csv_rows(tmp_path / "o" / "report.csv")
     assert {k[0] for k in rows} == {JOB_B.job_hash}
     capsys.readouterr()
-    assert report.main([str(d), "--job-hash", "0123456789abcdef"]) == 2
+    assert main([str(d), "--job-hash", "0123456789abcdef"]) == 2
     err = capsys.readouterr().err
     assert "no runs with job hash" in err and JOB_A.job_hash in err and len(err.strip().splitlines()) == 1
 
@@ -256,17 +263,17 @@ def test_job_file_not_in_results_names_differing_fields(tmp_path: Path, capsys: 
     d = two_jobs(tmp_path)
     toml = tmp_path / "other.toml"
     toml.write_text("per_replica_batch_size = 16\nsteps = 12\nlearning_rate = 0.5\n")  # JOB_A but another LR
-    assert report.main([str(d), "--job", str(toml)]) == 2
+    assert main([str(d), "--job", str(toml)]) == 2
     err = capsys.readouterr().err
     assert "runs belong to different jobs" in err and "learning_rate: 0.5 vs 0.01" in err
     assert JOB_A.job_hash in err  # the closest job is named
-    assert report.main([str(d), "--job", str(toml), "--set", "learning_rate=0.01", "--no-plots",
+    assert main([str(d), "--job", str(toml), "--set", "learning_rate=0.01", "--no-plots",
                         "--out", str(tmp_path / "o")]) == 0
 
 
 def test_summarize_never_mixes_jobs() -> None:
     runs = [make_run("native", 1, 100.0, job=JOB_A), make_run("native", 1, 999.0, job=JOB_B)]
-    summaries = report.summarize(runs)
+    summaries = summarize(runs)
     assert len(summaries) == 2
     assert all(len(s.rows) == 1 and s.rows[0].throughput.repeats == 1 for s in summaries)
 
@@ -287,7 +294,7 @@ def test_incomplete_and_corrupt_files_are_ignored(results: Path, capsys: pytest.
     put(results, make_run("native", 1, 110.0), "zz-copy.json")  # a copy: same run_id as a real run
     capsys.readouterr()
 
-    runs = report.load_runs(results)
+    runs = load_runs(results)
     err = capsys.readouterr().err
     assert len(runs) == 12  # only the fixture's 12 complete runs
     for name in ("truncated.json", "list.json", "missing-field.json", "nan.json", "zz-copy.json"):
@@ -295,7 +302,7 @@ def test_incomplete_and_corrupt_files_are_ignored(results: Path, capsys: pytest.
         assert len(line) == 1, name  # one warning line per bad file, naming it
     assert "images_per_sec" in next(ln for ln in err.splitlines() if "missing-field.json" in ln)
     assert "hidden" not in err and ".tmp" not in err and "staging" not in err  # skipped silently
-    (s,) = report.summarize(runs)
+    (s,) = summarize(runs)
     base = next(r for r in s.rows if r.identity.label == "native" and r.identity.world_size == 1)
     assert base.throughput.ips == [100.0, 110.0, 120.0]
 
@@ -304,10 +311,10 @@ def test_missing_baseline_and_missing_backend_show_na(tmp_path: Path, capsys: py
     d = tmp_path / "r"
     put(d, make_run("horovod", 2, 200.0))
     put(d, make_run("horovod", 4, 360.0))
-    assert report.main([str(d), "--out", str(tmp_path / "o")]) == 0
+    assert main([str(d), "--out", str(tmp_path / "o")]) == 0
     md = (tmp_path / "o" / "report.md").read_text()
     c = md_row(md, "horovod", 4)
-    assert col(c, "speedup") == "n/a" and col(c, "efficiency") == "n/a" and col(c, "img/s median") == "360.0"
+    assert col(c, "speedup") == "n/a" and col(c, "efficiency") == "n/a" and col(c, "images/s median") == "360.0"
     assert "horovod: no 1-replica run" in md  # plain note
     assert "no native runs for this job" in md and "| 4 | 4x1 | n/a | 360.0 | n/a |" in md
     rows = csv_rows(tmp_path / "o" / "report.csv")
@@ -322,33 +329,33 @@ def test_partial_world_size_coverage(tmp_path: Path) -> None:
     for b in ("native", "horovod"):
         put(d, make_run(b, 1, 100.0))
     put(d, make_run("native", 2, 150.0))
-    (s,) = report.summarize(report.load_runs(d))
+    (s,) = summarize(load_runs(d))
     q = {x.world_size: x for x in s.ratios}
     assert q[1].ratio == pytest.approx(1.0) and q[2].ratio is None
     assert any("only native ran there" in n for n in s.notes)
 
 
 def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(tmp_path / "nope")]) == 2
+    assert main([str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    assert report.main([str(tmp_path / "empty")]) == 2
+    assert main([str(tmp_path / "empty")]) == 2
     assert "no results" in capsys.readouterr().err
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "a.json").write_text("{")
-    assert report.main([str(tmp_path / "junk")]) == 2
+    assert main([str(tmp_path / "junk")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert "a.json" in err[0] and "no results" in err[-1] and "1 results JSON" in err[-1]
     with pytest.raises(SystemExit) as e:
-        report.main([str(tmp_path), "--set", "steps=3"])  # --set without --job
+        main([str(tmp_path), "--set", "steps=3"])  # --set without --job
     assert e.value.code == 2
 
 
 def test_cli_subprocess_does_not_import_tensorflow(results: Path, tmp_path: Path) -> None:
     code = (
         "import json, sys\n"
-        "from common import report\n"
-        f"rc = report.main([{str(results)!r}, '--out', {str(tmp_path / 'o')!r}, '--quiet'])\n"
+        "from common.report.cli import main\n"
+        f"rc = main([{str(results)!r}, '--out', {str(tmp_path / 'o')!r}, '--quiet'])\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf_keras', 'horovod'))\n"
         "print(json.dumps({'rc': rc, 'bad': bad}))\n"
     )
@@ -372,4 +379,4 @@ def test_cli_subprocess_does_not_import_tensorflow(results: Path, tmp_path: Path
 
 def test_median_helper_matches_statistics() -> None:
     vals = [3.0, 1.0, 2.0, 10.0]
-    assert report.median(vals) == statistics.median(vals) == 2.5
+    assert median(vals) == statistics.median(vals) == 2.5

@@ -3,6 +3,7 @@ exit 0 / 4 / 2; fake records of two software stacks (tests.test_report's helpers
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,66 @@ def test_the_rule() -> None:
     assert judge(0.9, (0.80, 1.02), 0.05) == SAME  # the interval holds 1: not a regression
     assert judge(0.97, (0.96, 0.98), 0.05) == SAME  # real, but within the tolerance
     assert judge(0.9, None, 0.05) == SLOWER  # fewer than 6 runs: the medians decide
+
+
+def tuned(d: Path, cycle: float, fall: float = 1.0, skip: tuple[str, int] | None = None) -> Path:
+    """write_set's cells, Horovod's tuned as HOROVOD_CYCLE_TIME=``cycle`` says (its label, knob and environment),
+    its throughput x ``fall``; ``skip``: a (backend, size) cell left out."""
+    for backend, base in (("native", 100.0), ("horovod", 110.0)):
+        for ws in (1, 2):
+            if (backend, ws) == skip:
+                continue
+            extra: dict[str, Any] = {}
+            if backend == "horovod":
+                knobs = {"cycle_time_ms": cycle, "fusion_threshold_bytes": 64 << 20}
+                env = {"HOROVOD_CYCLE_TIME": str(cycle)} if cycle != 5 else {}
+                extra["tuning"] = {"knobs": knobs, "defaults": {"cycle_time_ms": 5, "fusion_threshold_bytes": 64 << 20},
+                                   "variant": f"cycle {cycle:g} ms" if cycle != 5 else None, "env": env}
+            for i in range(6):
+                ips = base * ws * (fall if backend == "horovod" else 1.0) * (1 + (i - 2.5) * 0.004)
+                put(d, make_run(backend, ws, ips, run_id=f"{d.name}-{backend}-{ws}-{i}", hosts=["n0"] * ws,
+                                versions=OLD_STACK, **extra))
+    return d
+
+
+def test_a_tuning_change_is_compared_cell_by_cell_and_named(tmp_path: Path, capsys: Any) -> None:
+    """42.1: NEW's Horovod rows are labelled by their tuning ("cycle 10 ms"): every cell is still compared with
+    OLD's, the fall is found, and the knob and its environment variable are what changed."""
+    old = tuned(tmp_path / "old", 5)
+    new = tuned(tmp_path / "new", 10, fall=0.93)
+    code, out, _ = run([str(new), "--baseline", str(old), "--no-plots"], capsys)
+    assert code == 4
+    table = [x for x in out if x.startswith("| small (")]
+    assert len(table) == 4 and not any("only in" in x for x in table)
+    assert sum(x.endswith("| slower |") for x in table) == 2  # both Horovod cells
+    assert any("| horovod (cycle 10 ms) [OLD horovod] 2 replicas (1x2) |" in x for x in table)
+    assert "horovod cycle_time_ms 5 -> 10" in out[-1]
+    assert "horovod environment HOROVOD_CYCLE_TIME unset -> 10" in out[-1]
+
+
+def test_a_cell_without_counterpart_fails_with_its_own_status(tmp_path: Path, capsys: Any) -> None:
+    old = tuned(tmp_path / "old", 5)
+    new = tuned(tmp_path / "new", 5, skip=("horovod", 2))
+    code, out, _ = run([str(new), "--baseline", str(old), "--no-plots", "-q"], capsys)
+    assert code == 5
+    assert out[-1].startswith("not every cell compared (none slower beyond 5% of 3 compared); 1 cell(s) could not be "
+                              "compared: small (") and "horovod 2 replicas (1x2) only in OLD" in out[-1]
+    assert out[-1].endswith("the stacks recorded are identical")
+
+
+def test_identical_only_when_nothing_recorded_differs(tmp_path: Path, capsys: Any) -> None:
+    """A knob at another value (same label) is a difference; the versions a record may add are too."""
+    old, new = tuned(tmp_path / "old", 5), tuned(tmp_path / "new", 5)
+    for p in new.glob("*.json"):
+        d = json.loads(p.read_text())
+        d["versions"] = {**d["versions"], "twinbench": "abc1234"}
+        if d["backend"] == "horovod":
+            d["tuning"]["knobs"]["fusion_threshold_bytes"] = 32 << 20
+        p.write_text(json.dumps(d))
+    code, out, _ = run([str(new), "--baseline", str(old), "--no-plots", "-q"], capsys)
+    assert code == 0
+    assert "the stacks recorded are identical" not in out[-1]
+    assert "twinbench not recorded -> abc1234" in out[-1] and "horovod fusion_threshold_bytes 67108864 -> 33554432" \
+        in out[-1]
+    code, out, _ = run([str(new), "--baseline", str(old), "--no-plots"], capsys)
+    assert not any(x.startswith("Not in the records") and "twinbench's own version" in x for x in out)

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from common import report
 from common.report import converge
+from common.report.cli import main
+from common.report.load import load_runs
+from common.report.stats import Interval
+from common.report.summary import summarize
 from tests.conftest import PY, REPO
 from tests.test_report import JOB_B, make_run, put
 
@@ -30,7 +33,7 @@ def cells(tmp_path: Path, **series: list[float]) -> Path:
 
 
 def checks_of(d: Path, width: float = 0.05) -> dict[str, converge.CellCheck]:
-    return {c.cell: c for c in converge.check(report.summarize(report.load_runs(d)), width)}
+    return {c.cell: c for c in converge.check(summarize(load_runs(d)), width)}
 
 
 def test_six_tight_runs_converge_six_spread_do_not_and_five_tight_never(tmp_path: Path) -> None:
@@ -45,9 +48,9 @@ def test_six_tight_runs_converge_six_spread_do_not_and_five_tight_never(tmp_path
 
 
 def test_the_width_is_the_wider_side_and_the_bound_is_inclusive() -> None:
-    iv = report.Interval(95.0, 101.0, "95% CI", 6, 0.97)
+    iv = Interval(95.0, 101.0, "95% CI", 6, 0.97)
     assert converge.relative_half_width(100.0, iv) == pytest.approx(0.05)  # the low side, not (101 - 95) / 2
-    row = report.summarize([make_run("native", 1, v, run_id=f"x{i}")
+    row = summarize([make_run("native", 1, v, run_id=f"x{i}")
                             for i, v in enumerate([95.0, 99.0, 100.0, 100.0, 100.0, 101.0])])[0].rows[0]
     assert converge.check_row(row, 0.05).converged  # half-width 5.0% <= 5%: within
     assert not converge.check_row(row, 0.049).converged
@@ -56,7 +59,7 @@ def test_the_width_is_the_wider_side_and_the_bound_is_inclusive() -> None:
 def test_a_single_run_has_no_interval_and_several_jobs_name_their_cells(tmp_path: Path) -> None:
     runs = [make_run("native", 1, v, run_id=f"a{i}") for i, v in enumerate(TIGHT)]
     runs.append(make_run("native", 1, 100.0, job=JOB_B, run_id="b"))
-    got = converge.check(report.summarize(runs), 0.05)
+    got = converge.check(summarize(runs), 0.05)
     assert [(c.cell, c.converged) for c in got] == [("bigger: native 1 replica (1x1)", False),
                                                     ("small: native 1 replica (1x1)", True)]
     assert got[0].interval is None and got[0].width is None and got[0].why() == "1 of 6 runs"
@@ -76,19 +79,19 @@ def test_widths_refused(text: str) -> None:
 
 def test_cli_exit_status_table_and_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = cells(tmp_path, native_1=TIGHT, horovod_1=TIGHT)
-    assert report.main([str(d), "--until", "5%"]) == 0
+    assert main([str(d), "--until", "5%"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "every cell within 5% of its median (2 cells)"
     assert all(ln.endswith("converged") for ln in out[1:3]) and "[99.0, 101.0] 95% CI" in out[1]
     assert not (d / "report").exists(), "--until writes nothing"
     put(d, make_run("native", 2, 100.0, run_id="n2-0"))
     put(d, make_run("native", 2, 90.0, run_id="n2-1"))
-    assert report.main([str(d), "--until", "0.05"]) == 1
+    assert main([str(d), "--until", "0.05"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "not yet within 5%: native 2 replicas (2x1) 2 of 6 runs"
     [n2] = [ln for ln in out if ln.startswith("native 2 replicas")]
     assert n2.endswith("not yet (2 of 6 runs)") and "min-max (n=2)" in n2
-    assert report.main([str(d), "--until", "50%"]) == 1, "fewer than 6 runs never converge, however wide the bound"
+    assert main([str(d), "--until", "50%"]) == 1, "fewer than 6 runs never converge, however wide the bound"
 
 
 @pytest.mark.parametrize("width", ["5", "0%", "abc"])
@@ -103,4 +106,4 @@ def test_cli_refuses_a_bad_width_in_one_line(tmp_path: Path, width: str) -> None
 
 def test_cli_with_no_results_is_bad_input(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    assert report.main([str(tmp_path / "empty"), "--until", "5%"]) == 2
+    assert main([str(tmp_path / "empty"), "--until", "5%"]) == 2

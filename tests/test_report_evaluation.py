@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common import report
+from common.report.build import ReportOptions, build_report
+from common.report.load import load_runs
 from common.workload.job import Job
 from tests.test_report import JOB_A, csv_rows, make_run, put
 
@@ -26,7 +27,7 @@ def test_time_to_target_beside_throughput_and_final_validation(tmp_path: Path) -
     put(d, make_run("horovod", 1, 120.0, job=JOB_T, evaluations=_evals(0.95, 8.0), time_to_target_s=8.0))
     put(d, make_run("native", 1, 100.0, run_id="plain"))  # another job, from before validation: no fields at all
     out = tmp_path / "out"
-    report.write_report(d, out, plots=False)
+    build_report(d, out, ReportOptions(plots=False))
     md = (out / "report.md").read_text()
     section = md.split("Job `targeted`")[1].split("### Notes")[0]
     assert "### Time to target and validation" in section
@@ -51,5 +52,5 @@ def test_time_to_target_beside_throughput_and_final_validation(tmp_path: Path) -
 def test_old_results_files_load_without_validation_fields(tmp_path: Path) -> None:
     d = tmp_path / "results"
     put(d, make_run("native", 1, 100.0))
-    runs = report.load_runs(d)
+    runs = load_runs(d)
     assert runs[0].record.evaluations == [] and runs[0].record.time_to_target_s is None

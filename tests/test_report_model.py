@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from common import report
+from common.report.build import ReportOptions, build_report
+from common.report.cli import main
+from common.report.load import load_runs
 from tests.test_report import make_run, put, record
 
 ALPHA, BETA = 100e-6, 2e-9  # fitted exactly from these: 100 us + bytes x 2 ns (0.5 GB/s algbw at 2 ranks)
@@ -32,7 +34,7 @@ def test_model_and_allreduce_sections(tmp_path: Path):
         put(d, make_run(b, 2, 150.0, step=(0.015, 0.016), gradient_bytes=GRAD))
         put(d, bench(b), name=f"allreduce-{b}.json")
     out = tmp_path / "out"
-    assert report.main([str(d), "--out", str(out), "-q"]) == 0
+    assert main([str(d), "--out", str(out), "-q"]) == 0
     md = (out / "report.md").read_text()
     assert "## Allreduce microbenchmark" in md and (out / "allreduce_busbw.png").read_bytes()[:4] == b"\x89PNG"
     # fit: hop latency = alpha / 2 = 50 us; B = 1/beta (2(n-1)/n = 1) = 0.5 GB/s
@@ -44,7 +46,7 @@ def test_model_and_allreduce_sections(tmp_path: Path):
     assert re.search(r"^\| 8 \| 24\.70 \| 14\.70 \| 40\.5% \|$", md, re.M), md
     assert md.count("MODEL, not measured") == 2  # one extrapolation per backend, labelled
     # the allreduce JSONs are not training runs: the scaling table still has exactly 4 rows
-    assert report.build_report(d, out, plots=False).summaries[0].rows.__len__() == 4
+    assert build_report(d, out, options=ReportOptions(plots=False)).summaries[0].rows.__len__() == 4
 
 
 def test_model_missing_inputs_are_said_plainly(tmp_path: Path):
@@ -52,7 +54,7 @@ def test_model_missing_inputs_are_said_plainly(tmp_path: Path):
     put(d, make_run("native", 2, 150.0, gradient_bytes=GRAD))
     put(d, bench("native"), name="allreduce-native.json")
     out = tmp_path / "out"
-    assert report.main([str(d), "--out", str(out), "-q", "--no-plots"]) == 0
+    assert main([str(d), "--out", str(out), "-q", "--no-plots"]) == 0
     assert "native: no model (a 1-replica run missing)" in (out / "report.md").read_text()
 
 
@@ -63,7 +65,7 @@ def test_fp16_compression_is_stated(tmp_path: Path, said: dict[str, Any]):
     for ws in (1, 2):
         put(d, make_run("horovod", ws, 100.0 * ws, gradient_bytes=GRAD // 2, **said))
     put(d, bench("horovod"), name="allreduce-horovod.json")
-    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
+    assert main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
     md = (tmp_path / "o" / "report.md").read_text()
     assert f"S = {GRAD // 2:,} (fp16 compression: half of float32)" in md
 
@@ -75,7 +77,7 @@ def test_incomplete_allreduce_json_is_skipped(tmp_path: Path, bad, capsys):
     b = bench("native")
     b.update(bad)
     (d / "allreduce-bad.json").write_text(json.dumps(b))
-    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
+    assert main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
     assert "incomplete allreduce benchmark" in capsys.readouterr().err
 
 
@@ -83,8 +85,12 @@ def test_the_report_reads_the_typed_capabilities_and_only_displays_backend_info(
     """A record with ``capabilities`` is labelled and modelled from it alone, whatever its backend_info says (free
     provenance); an older file without the block still reads as before (tests/test_strategies.py, test_knobs.py)."""
     from common.core.records import AllreduceRecord
-    from common.report.model import format_allreduce
-    from common.report.summary import row_label
+    from common.report.model import allreduce_part
+    from common.report.render import markdown
+    from common.report.rows import row_label
+
+    def format_allreduce(benches: list[AllreduceRecord]) -> str:
+        return markdown(allreduce_part(benches))
 
     def caps(**kw: Any) -> dict[str, Any]:
         return {"controller": None, "compression": "none", "input_path": "per-worker", "variant": None,
@@ -97,7 +103,7 @@ def test_the_report_reads_the_typed_capabilities_and_only_displays_backend_info(
         == "native (central_storage)"
     ps = make_run("native", 2, 1.0, backend_info={}, capabilities=caps(variant="parameter_server", asynchronous=True))
     put(tmp_path, ps)
-    [loaded] = report.load_runs(tmp_path)
+    [loaded] = load_runs(tmp_path)
     assert loaded.record.asynchronous is True
     assert row_label(loaded.record) == "native (parameter_server, asynchronous)"
     bench = AllreduceRecord(backend="horovod", world_size=2, hosts=["a"], rows=[], backend_info={"controller": "x"},
@@ -107,3 +113,18 @@ def test_the_report_reads_the_typed_capabilities_and_only_displays_backend_info(
            "backend_info": {"communication": "ring"}}  # schema 2, before the collective block
     assert "### native, 2 ranks (ring; hosts" in format_allreduce([AllreduceRecord.from_dict(old)])
     assert AllreduceRecord.from_dict({**old, "schema": 3}).collective_used is None  # schema 3 reads its own block
+
+
+def test_a_measured_step_above_the_no_overlap_bound_is_flagged(tmp_path: Path) -> None:
+    """The model's step is an upper bound (no overlap): a measured step above it means the model misses a cost."""
+    d = tmp_path / "res"
+    for b, step2 in (("native", 0.0332), ("horovod", 0.015)):  # predicted at 2 replicas: 18.10 ms (see above)
+        put(d, make_run(b, 1, 100.0, step=(0.010, 0.012), gradient_bytes=GRAD))
+        put(d, make_run(b, 2, 150.0, step=(step2, step2), gradient_bytes=GRAD))
+        put(d, bench(b), name=f"allreduce-{b}.json")
+    assert main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
+    md = (tmp_path / "o" / "report.md").read_text()
+    flagged = [p for p in md.split("\n\n") if p.startswith("**Measured above the model's upper bound**")]
+    assert len(flagged) == 1 and "2 replicas: 33.20 ms measured vs 18.10 ms" in flagged[0]  # native only
+    assert "misses a cost" in flagged[0] and "optimistic" in flagged[0]
+    assert md.index("### Model: native") < md.index(flagged[0]) < md.index("### Model: horovod")

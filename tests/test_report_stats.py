@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom
 
-from common import report
+from common.report.cli import main
+from common.report.load import load_runs
 from common.report.model import extrapolation_sizes
+from common.report.render import format_ratio_table, format_table
+from common.report.stats import median, median_interval
+from common.report.summary import summarize
 from tests.test_report import JOB_A, JOB_B, col, make_run, md_row, put
 
 SEVEN = [100.0, 104.0, 97.0, 110.0, 101.0, 99.0, 103.0]  # native, 1 replica: 7 repeats
@@ -36,10 +40,10 @@ def expected_ci(values: list[float]) -> tuple[float, float]:
 
 @pytest.mark.parametrize("values", [SEVEN, SEVEN[:6], [float(v) for v in range(50, 80)]])
 def test_interval_of_the_median_is_the_binomial_order_statistics(values: list[float]) -> None:
-    iv = report.median_interval(values)
+    iv = median_interval(values)
     med = sorted(values)[len(values) // 2] if len(values) % 2 else None
     assert iv.kind == "95% CI" and (iv.low, iv.high) == expected_ci(values)
-    assert iv.low <= report.median(values) <= iv.high and (med is None or iv.low <= med <= iv.high)
+    assert iv.low <= median(values) <= iv.high and (med is None or iv.low <= med <= iv.high)
     assert iv.coverage >= 0.95
     if len(values) == 30:
         assert (iv.low, iv.high) != (min(values), max(values))  # n = 30: ranks 10 and 21, not the extremes
@@ -51,11 +55,11 @@ def test_table_shows_the_ci_with_six_runs_and_min_max_with_three(tmp_path: Path)
         put(d, make_run("native", 1, ips, run_id=f"n1-{i}"))
     for i, ips in enumerate([200.0, 190.0, 195.0]):
         put(d, make_run("native", 2, ips, run_id=f"n2-{i}"))
-    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
+    assert main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots"]) == 0
     md = (tmp_path / "o" / "report.md").read_text()
     lo, hi = expected_ci(SEVEN)
     assert col(md_row(md, "native", 1), "interval") == f"[{lo:.1f}, {hi:.1f}] 95% CI"
-    assert col(md_row(md, "native", 1), "img/s median") == "101.0"
+    assert col(md_row(md, "native", 1), "images/s median") == "101.0"
     assert col(md_row(md, "native", 2), "interval") == "[190.0, 200.0] min-max (n=3)"
     assert "img/s mean" not in md and "CI of mean" not in md
 
@@ -63,15 +67,15 @@ def test_table_shows_the_ci_with_six_runs_and_min_max_with_three(tmp_path: Path)
 def test_ratio_gets_a_reproducible_bootstrap_interval_with_six_runs_per_cell(tmp_path: Path) -> None:
     runs = [make_run("native", 2, v, run_id=f"n{i}") for i, v in enumerate(SEVEN)]
     runs += [make_run("horovod", 2, 1.1 * v, run_id=f"h{i}") for i, v in enumerate(SEVEN[:6])]
-    [s] = report.summarize(runs)
+    [s] = summarize(runs)
     [q] = s.ratios
     assert q.ratio == pytest.approx(1.1 * 100.5 / 101.0)
     assert q.ratio_ci is not None and q.ratio_ci[0] <= q.ratio <= q.ratio_ci[1] and q.ratio_ci[0] < q.ratio_ci[1]
-    assert report.summarize(runs)[0].ratios[0].ratio_ci == q.ratio_ci  # fixed seed: the same interval again
-    [s5] = report.summarize(runs[:7] + runs[7:12])  # horovod with 5 repeats
+    assert summarize(runs)[0].ratios[0].ratio_ci == q.ratio_ci  # fixed seed: the same interval again
+    [s5] = summarize(runs[:7] + runs[7:12])  # horovod with 5 repeats
     assert s5.ratios[0].ratio_ci is None
-    assert "(needs 6 runs per cell)" in report.format_ratio_table(s5)
-    assert re.search(r"\| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", report.format_ratio_table(s))
+    assert "(needs 6 runs per cell)" in format_ratio_table(s5)
+    assert re.search(r"\| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", format_ratio_table(s))
 
 
 def test_layouts_at_one_size_are_separate_rows() -> None:
@@ -81,12 +85,12 @@ def test_layouts_at_one_size_are_separate_rows() -> None:
             make_run("native", 2, 190.0, run_id="n2a", hosts=one_node),
             make_run("native", 2, 150.0, run_id="n2b", hosts=two_nodes),
             make_run("native", 2, 152.0, run_id="n2c", hosts=two_nodes)]
-    [s] = report.summarize(runs)
+    [s] = summarize(runs)
     rows = {(r.identity.world_size, r.identity.layout): r for r in s.rows}
     assert set(rows) == {(1, "1x1"), (2, "1x2"), (2, "2x1")}
     assert rows[(2, "1x2")].throughput.repeats == 1 and rows[(2, "2x1")].throughput.repeats == 2
     assert rows[(2, "2x1")].scaling.speedup == pytest.approx(1.51)  # both against the absolute 1-replica base
-    table = report.format_table(s)
+    table = format_table(s)
     assert "| native | 2 | 1x2 | 2 | 1 | 190.0 |" in table and "| native | 2 | 2x1 | 2 | 2 | 151.0 |" in table
 
 
@@ -95,7 +99,7 @@ def test_layout_is_derived_for_old_files_and_uneven_nodes(tmp_path: Path) -> Non
     rec = make_run("native", 3, 100.0, hosts=["a", "a", "b"])
     rec.pop("machine", None)
     put(d, rec)
-    [run] = report.load_runs(d)
+    [run] = load_runs(d)
     assert run.layout == (2, None, "2x(2+1)") and run.layout.text == "2x(2+1)"
 
 
@@ -105,7 +109,7 @@ def test_two_result_dirs_are_one_set_and_mixed_jobs_or_versions_are_refused(tmp_
     put(b, make_run("native", 2, 190.0, run_id="n2"))
     put(b, make_run("native", 1, 100.0, run_id="n1"), name="copy.json")  # the same run in both: counted once
     out = tmp_path / "o"
-    assert report.main([str(a), str(b), "--out", str(out), "-q", "--no-plots"]) == 0
+    assert main([str(a), str(b), "--out", str(out), "-q", "--no-plots"]) == 0
     with (out / "report.csv").open() as f:
         rows = {(r["backend"], r["world_size"]): r for r in csv.DictReader(f)}
     assert set(rows) == {("native", "1"), ("native", "2")} and rows[("native", "1")]["repeats"] == "1"
@@ -115,24 +119,24 @@ def test_two_result_dirs_are_one_set_and_mixed_jobs_or_versions_are_refused(tmp_
     # another job in a third directory: compared with the first, refused
     c = tmp_path / "c"
     put(c, make_run("native", 1, 300.0, job=JOB_B, run_id="other"))
-    assert report.main([str(a), str(c), "--compare", JOB_A.job_hash, JOB_B.job_hash, "-q"]) == 2
+    assert main([str(a), str(c), "--compare", JOB_A.job_hash, JOB_B.job_hash, "-q"]) == 2
     assert "different jobs" in capsys.readouterr().err.lower()
     # other software versions in another directory: refused without --allow-mixed-versions
     v = tmp_path / "v"
     put(v, make_run("native", 4, 350.0, run_id="n4", versions={"python": "3.11.9", "tensorflow": "2.21.0"}))
-    assert report.main([str(a), str(v), "-q", "--no-plots"]) == 2
+    assert main([str(a), str(v), "-q", "--no-plots"]) == 2
     assert "tensorflow" in capsys.readouterr().err
 
 
 def test_time_to_target_column_only_when_the_job_sets_a_target(tmp_path: Path) -> None:
-    [s] = report.summarize([make_run("native", 1, 100.0)])
-    assert "time to target" not in report.format_table(s)
+    [s] = summarize([make_run("native", 1, 100.0)])
+    assert "time to target" not in format_table(s)
     runs = [make_run("native", 1, 100.0, run_id="x", time_to_target_s=12.5),
             make_run("native", 1, 110.0, run_id="y", time_to_target_s=13.5)]
     for r in runs:
         r["job"] = {**r["job"], "target_metric": "loss", "target_value": 0.5}
-    [s] = report.summarize(runs)
-    assert report.format_table(s).splitlines()[-1].endswith("| 13.00 |")  # the median of the repeats' times
+    [s] = summarize(runs)
+    assert format_table(s).splitlines()[-1].endswith("| 13.00 |")  # the median of the repeats' times
 
 
 def test_extrapolation_is_bounded_unless_asked() -> None:
@@ -155,7 +159,7 @@ def html_results(tmp_path: Path) -> Path:
 
 def test_report_html_is_self_contained(tmp_path: Path) -> None:
     d = html_results(tmp_path)
-    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q"]) == 0
+    assert main([str(d), "--out", str(tmp_path / "o"), "-q"]) == 0
     page = (tmp_path / "o" / "report.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, re.I)
     assert "@import" not in page and "url(" not in page
@@ -177,7 +181,7 @@ def test_report_html_renders_in_headless_chromium(tmp_path: Path) -> None:
             pytest.fail("chromium is not installed (scripts/setup.sh installs it with TWINBENCH_WITH_SLURM=1)")
         pytest.skip("chromium is not installed")
     d = html_results(tmp_path)
-    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q"]) == 0
+    assert main([str(d), "--out", str(tmp_path / "o"), "-q"]) == 0
     page = tmp_path / "o" / "report.html"
     flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from common.cluster import machine
-from common.report import build_report, summarize
+from common.report.build import ReportOptions, build_report
+from common.report.summary import summarize
 from common.report.verdict import job_verdicts, verdict_lines
 from tests.test_report import make_run, put
 
@@ -75,7 +76,7 @@ def test_verdict_opens_report_md_and_html_and_ends_the_printed_output(tmp_path: 
     d = tmp_path / "r"
     for rec in cell("native", 2, 112.0) + cell("horovod", 2, 100.0) + cell("horovod", 1, 60.0, n=1):
         put(d, rec)
-    build_report(d, plots=False)
+    build_report(d, options=ReportOptions(plots=False))
     md = (d / "report" / "report.md").read_text()
     assert md.index("## Verdict") < md.index("## Method")
     assert "- 1 node x 2 ranks: native is 12% faster than horovod [" in md
@@ -88,3 +89,40 @@ def test_verdict_opens_report_md_and_html_and_ends_the_printed_output(tmp_path: 
     assert out[-1].startswith("  1 node x 2 ranks: native is 12% faster") and out[-3].startswith("small (")
     lone = verdict_lines(summarize(cell("native", 1, 1.0, n=1)))
     assert lone == ["small (90b23b6c798ed8f6), horovod vs native:", "  1 node x 1 rank: only native ran, no comparison"]
+
+
+def test_runs_whose_ranks_got_the_same_first_batches_carry_a_caveat() -> None:
+    """An input function that does not shard (every rank's fingerprint of its first batches equal) is a caveat of
+    the verdict and a note; sharded ranks (different fingerprints) and one-rank runs are not."""
+    def pipeline(*prints: str) -> dict[str, Any]:
+        return {"method": "fetch", "pipeline": {"per_rank": [{"fingerprint": p} for p in prints]}}
+
+    runs = cell("native", 2, 100.0, n=2, input=pipeline("aa", "aa")) + cell("horovod", 2, 100.0, n=2,
+                                                                              input=pipeline("aa", "bb"))
+    runs += cell("native", 1, 50.0, n=1, input=pipeline("aa")) + cell("horovod", 1, 50.0, n=1, input=pipeline("aa"))
+    (s,) = summarize(runs)
+    one, two = job_verdicts(s)
+    assert "same first batches" not in one.text
+    assert two.text.endswith("Caveats: native's ranks all got the same first batches in 2 of 2 run(s): its input "
+                             "function does not shard, every worker trained on the same data"), two.text
+    assert [n for n in s.notes if "same first batches" in n] == [
+        "native at 2 replicas: in 2 of 2 repeat(s) every rank got the same first batches (the input function's "
+        "fingerprints, input.pipeline): it does not shard by input_context.input_pipeline_id, so the workers trained "
+        "on the same data"]
+
+
+def test_best_vs_best_never_compares_two_layouts() -> None:
+    """Horovod's fastest variant ran 2x1, native's only 1x2: at 2 replicas there is no best vs best ratio, and the
+    verdict of each layout names no variant of the other."""
+    from common.report.verdict import best_ratios, best_rows
+
+    fusion = {"variant": "fusion 32 MiB"}
+    runs = cell("native", 2, 9447.0) + cell("horovod", 2, 6941.0, tuning=fusion)
+    runs += cell("horovod", 2, 6000.0)
+    for r in runs:
+        r["hosts"] = ["n0", "n1"] if r["backend"] == "horovod" else ["n0", "n0"]  # horovod 2x1, native 1x2
+    (s,) = summarize(runs)
+    assert [(c.backend, c.layout, c.best_name) for c in best_rows(s)] == [("native", "1x2", "default"),
+                                                                          ("horovod", "2x1", "fusion 32 MiB")]
+    assert best_ratios(best_rows(s)) == []
+    assert not any("best vs best" in v.text for v in job_verdicts(s))

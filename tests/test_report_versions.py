@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from common import report
 from common.core.results import RunRecord
+from common.report.cli import main
+from common.report.load import load_runs, version_mix
+from common.report.summary import summarize
 from tests.test_report import JOB_A, make_run, put, record
 
 
@@ -29,7 +31,7 @@ def mixed_versions(tmp_path: Path) -> Path:
 def test_mixed_versions_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = mixed_versions(tmp_path)
     out = tmp_path / "out"
-    assert report.main([str(d), "--out", str(out)]) == 2
+    assert main([str(d), "--out", str(out)]) == 2
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [
         f"report: error: runs of job 'small' ({JOB_A.job_hash}) mix versions: tensorflow 2.18.1 vs 2.21.0; "
@@ -41,7 +43,7 @@ def test_mixed_versions_are_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_allow_mixed_versions_warns_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = mixed_versions(tmp_path)
     out = tmp_path / "out"
-    assert report.main([str(d), "--out", str(out), "--allow-mixed-versions", "--no-plots", "-q"]) == 0
+    assert main([str(d), "--out", str(out), "--allow-mixed-versions", "--no-plots", "-q"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("report: warning: runs of job 'small'")
     assert "mix versions: tensorflow 2.18.1 vs 2.21.0" in err[0] and "--allow-mixed-versions" in err[0]
@@ -56,21 +58,22 @@ def test_version_mix_rules() -> None:
         return record(backend, 1, 1.0, versions=versions or None)
 
     same = {"python": "3.11.9", "tensorflow": "2.18.1"}
-    assert report.version_mix([run("native", **same, numpy="1.26"), run("native", **same, numpy="2.0")]) == []
+    assert version_mix([run("native", **same, numpy="1.26"), run("native", **same, numpy="2.0")]) == []
     # a key one run of a backend lacks is "unknown"; a key no run records is no difference
-    assert report.version_mix([run("horovod", **same, horovod="0.28.1", horovod_patch="p1"),
+    assert version_mix([run("horovod", **same, horovod="0.28.1", horovod_patch="p1"),
                                run("horovod", **same, horovod="0.28.1")]) == ["horovod_patch p1 vs unknown"]
-    assert report.version_mix([run("native", **same), run("native")]) == [
+    assert version_mix([run("native", **same), run("native")]) == [
         "python 3.11.9 vs unknown", "tensorflow 2.18.1 vs unknown"]
-    assert report.version_mix([run("native", **same), run("horovod", python="3.11.9", tensorflow="2.9.0",
+    assert version_mix([run("native", **same), run("horovod", python="3.11.9", tensorflow="2.9.0",
                                                           tf_keras="2.9.0")]) == ["tensorflow 2.9.0 vs 2.18.1"]
 
 
 def test_required_fields_come_from_run_record(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import common.report.load as loader
     from common.core import results
 
-    assert not hasattr(report, "REQUIRED")  # no second list: the report asks RunRecord
+    assert not hasattr(loader, "REQUIRED")  # no second list: the report asks RunRecord
     assert list(results.REQUIRED) == ["schema", "kind", "backend", "world_size", "num_workers", "job_hash", "job",
                                       "images_per_sec", "step_time", "time_to_first_step"]  # as before RunRecord
     d = tmp_path / "r"
@@ -80,19 +83,19 @@ def test_required_fields_come_from_run_record(tmp_path: Path, capsys: pytest.Cap
         del rec[name]
         put(d, rec, f"without-{name}.json")
     capsys.readouterr()
-    assert [r.record.run_id for r in report.load_runs(d)] == ["complete"]
+    assert [r.record.run_id for r in load_runs(d)] == ["complete"]
     err = capsys.readouterr().err
     for name in results.REQUIRED:
         assert f"without-{name}.json: missing field {name!r}" in err
     # a field RunRecord starts requiring is required by the report at once
     monkeypatch.setitem(results.REQUIRED, "gradient_bytes", (int,))
-    assert report.load_runs(d, warn=lambda _m: None) == []
+    assert load_runs(d, warn=lambda _m: None) == []
 
 
 def test_mixed_cpu_binding_is_said_in_the_report(tmp_path: Path) -> None:
     """Runs of one job bound differently (topology.cpu_bind) get a line saying so; runs bound alike (or all from
     before the record) get none."""
-    from common.report.environment import binding_mix
+    from common.report.machines import binding_mix
 
     def bound(how: str, ws: int = 2) -> dict[str, Any]:
         return {"topology": {"cpu_bind": [how] * ws}}
@@ -101,7 +104,7 @@ def test_mixed_cpu_binding_is_said_in_the_report(tmp_path: Path) -> None:
     put(d, make_run("native", 2, 200.0, **bound("self")))
     put(d, make_run("horovod", 2, 190.0, **bound("none")))
     out = tmp_path / "out"
-    assert report.main([str(d), "--out", str(out), "--no-plots", "-q"]) == 0
+    assert main([str(d), "--out", str(out), "--no-plots", "-q"]) == 0
     line = [x for x in (out / "report.md").read_text().splitlines() if "Mixed CPU binding" in x]
     assert len(line) == 1 and "horovod: none; native: self" in line[0], line
     assert binding_mix([record("native", 2, 1.0, **bound("none")), record("horovod", 2, 1.0, **bound("none"))]) \
@@ -117,7 +120,7 @@ def test_backends_fed_differently_are_named() -> None:
     def note(native_path: str) -> list[str]:
         runs = [make_run("native", 1, 100.0, input={"path": native_path}),
                 make_run("horovod", 1, 120.0, input={"path": "per-worker"})]
-        return [n for n in report.summarize(runs)[0].notes if "fed differently" in n]
+        return [n for n in summarize(runs)[0].notes if "fed differently" in n]
 
     assert note("per-worker") == []
     (line,) = note("distributed")

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from common.diagnostics.scaling import comm_time, fit_alpha_beta, predict
+from common.report.cli import main
 
 
 def test_fit_recovers_alpha_beta_and_bus_bandwidth():
@@ -122,7 +123,6 @@ def _measured_dir(tmp_path, breakdown: bool = False):
 
 
 def test_planner_from_dir_equals_the_reports_model_at_overlap_0(tmp_path, capsys):
-    from common import report
     from common.diagnostics.scaling import fit_alpha_beta
     from tests.test_report_model import ALPHA, BETA, GRAD
 
@@ -130,7 +130,7 @@ def test_planner_from_dir_equals_the_reports_model_at_overlap_0(tmp_path, capsys
     out = _plan(capsys, ["--from", str(d), "--sizes", "2,8,64"])
     assert "MODEL (predicted, not measured): native" in out and "overlap 0 assumed" in out
     # the report extrapolates to 4x its largest size unless asked: ask for 64 as the planner was
-    assert report.main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots", "--extrapolate-to", "64"]) == 0
+    assert main([str(d), "--out", str(tmp_path / "o"), "-q", "--no-plots", "--extrapolate-to", "64"]) == 0
     md = (tmp_path / "o" / "report.md").read_text()
     fit = fit_alpha_beta([{"bytes": b, "time_median": ALPHA + BETA * b} for b in (4096, 1 << 20)], 2)
     for n in (8, 64):  # the report's extrapolation row and the planner's row: the same numbers

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from common.report import load_runs
+from common.report.load import load_runs
 from tests.aids.signal_aid import ENV
 from tests.conftest import BIN, JOB_TIMEOUT, PY, REPO, SMOKE, base_env, first_divergence, only_result, run
 

@@ -17,7 +17,10 @@ from backends.native_ps import sync_points
 from common.cluster import localcluster
 from common.core.errors import UsageError
 from common.core.results import RunRecord
-from common.report.summary import row_label
+from common.report.load import load_runs
+from common.report.render import format_section
+from common.report.rows import row_label
+from common.report.summary import summarize
 from tests.conftest import PY, REPO, SMOKE, base_env, only_result, run, signal_env
 
 PS_TF_CONFIG = ('{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, '
@@ -159,13 +162,12 @@ def test_worker_slots_are_the_synchronous_pipelines():
 
 
 def test_report_labels_asynchronous_runs_and_keeps_them_out_of_the_ratio():
-    from common import report
     from tests.test_report import make_run
 
     ps_info = {"strategy": "parameter_server", "asynchronous": True}
     runs = [make_run("native", 1, 100.0), make_run("native", 2, 180.0), make_run("horovod", 2, 190.0),
             make_run("native", 1, 50.0, backend_info=ps_info), make_run("native", 2, 80.0, backend_info=ps_info)]
-    [s] = report.summarize(runs)
+    [s] = summarize(runs)
     label = "native (parameter_server, asynchronous)"
     ps2 = next(r for r in s.rows if r.identity.label == label and r.identity.world_size == 2)
     nat2 = next(r for r in s.rows if r.identity.label == "native" and r.identity.world_size == 2)
@@ -173,14 +175,13 @@ def test_report_labels_asynchronous_runs_and_keeps_them_out_of_the_ratio():
     assert ps2.scaling.ratio is None and ps2.scaling.speedup == pytest.approx(80 / 50)  # against its own 1-worker
     assert [q.world_size for q in s.ratios if q.ratio is not None] == [2]
     assert any(n.startswith(label) and "no parity claim" in n for n in s.notes)
-    assert f"| {label} | 2 | 2x1 | 2 |" in report.format_section(s)
+    assert f"| {label} | 2 | 2x1 | 2 |" in format_section(s)
 
 
 def test_report_never_merges_strategies_and_reads_the_asynchronous_field(tmp_path):
     """Native runs of different strategies at the same world size: one row each, labelled by the --strategy name;
     only the default (mwms) row pairs with horovod. ``asynchronous`` is read from the record's own field, and an
     older file that said so only in backend_info is still labelled asynchronous."""
-    from common import report
     from tests.test_report import make_run, put
 
     classes = {"mirrored": "MirroredStrategy", "central_storage": "CentralStorageStrategy",
@@ -194,7 +195,7 @@ def test_report_never_merges_strategies_and_reads_the_asynchronous_field(tmp_pat
     # new field only (backend_info without the key): still asynchronous
     runs.append(make_run("native", 2, 50.0, backend_info={"strategy": "parameter_server"}, asynchronous=True,
                          run_id="ps"))
-    [s] = report.summarize(runs)
+    [s] = summarize(runs)
     labels = {r.identity.label: r for r in s.rows}
     assert set(labels) == {"native", "horovod", "native (parameter_server, asynchronous)",
                            *(f"native ({k})" for k in classes)}
@@ -203,16 +204,16 @@ def test_report_never_merges_strategies_and_reads_the_asynchronous_field(tmp_pat
     assert labels["native"].throughput.median == 100.0 and labels["native"].scaling.ratio == pytest.approx(1.2)
     assert all(labels[f"native ({k})"].scaling.ratio is None for k in classes)
     assert any(n.startswith("native (mirrored)") and "rows of their own" in n for n in s.notes)
-    md = report.format_section(s)
+    md = format_section(s)
     assert "| native (central_storage) | 2 | 2x1 | 2 |" in md and "| native (one_device) | 2 | 2x1 | 2 |" in md
     # an older file: asynchronous only in backend_info, read through load_runs
     old = make_run("native", 2, 60.0, backend_info={"strategy": "parameter_server", "asynchronous": True})
     put(tmp_path, old)
-    [loaded] = report.load_runs(tmp_path)
+    [loaded] = load_runs(tmp_path)
     assert loaded.record.asynchronous is True
-    assert report.summarize([loaded])[0].rows[0].identity.label == "native (parameter_server, asynchronous)"
+    assert summarize([loaded])[0].rows[0].identity.label == "native (parameter_server, asynchronous)"
     # a synchronous run is never labelled asynchronous, whatever its strategy
-    assert report.summarize([make_run("native", 1, 9.0, asynchronous=False)])[0].rows[0].identity.label == "native"
+    assert summarize([make_run("native", 1, 9.0, asynchronous=False)])[0].rows[0].identity.label == "native"
 
 
 def test_checkpoint_dir_names_a_strategy_other_than_the_default(tmp_path):

@@ -29,7 +29,6 @@ NVIDIA_SMI = "nvidia-smi"  # looked up on PATH, as a user would run it
 SMI_QUERY = "name,memory.total,compute_cap,driver_version"  # the GPU fields, in the order they are parsed
 COMMAND_TIMEOUT = 20.0  # seconds for nvidia-smi / mpirun --version: they answer in under a second; a hung driver
 # must not hang a rank that has finished training
-GPU_SOURCES = ("nvml", "nvidia-smi", "tensorflow", "none")  # tried in this order; "none": no GPU, or none answered
 ALWAYS_PER_RANK = ("cpu_mask", "gpu", "memory")  # facts of each process: listed per rank even when all are equal
 NO_GPU: dict[str, Any] = {"source": "none", "id": None, "model": None, "memory_bytes": None,
                           "compute_capability": None, "driver": None}

@@ -12,23 +12,27 @@ report; across NEW and OLD they are what is compared.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from common.cluster.machine import section
 from common.core.results import RunRecord
-from common.report.base import NA
+from common.report.base import NA, fmt_value
 from common.report.converge import parse_width, percent
+from common.report.document import Block, Heading, Para, table
+from common.report.load import versions_by_key
 from common.report.rows import JobSummary, Row
 from common.report.stats import NEEDS_RUNS, ratio_interval
-from common.report.versions import versions_by_key
 
 EXIT_SLOWER = 4  # a cell is slower than the baseline beyond the tolerance
+EXIT_UNCOMPARED = 5  # no cell is slower, but a cell of NEW or OLD has no counterpart: not a pass
 SLOWER, SAME, FASTER, ONLY_NEW, ONLY_OLD = "slower", "same", "faster", "only in NEW", "only in OLD"
 # What a centre would want to compare but no record holds: listed as missing, never guessed.
 NOT_RECORDED = ("twinbench's own version", "the loaded environment modules (module list)",
                 "the NCCL runtime TensorFlow loads (only the NCCL Horovod was built with is recorded)",
                 "the CUDA runtime and driver of a machine without GPUs")
+# The ``versions`` keys that hold a fact of NOT_RECORDED once a record keeps it (then a difference is a stack change).
+RECORDED_AS = {"twinbench's own version": "twinbench", "the loaded environment modules (module list)": "modules"}
 MACHINE_FACTS = (("cuda", "TF built for CUDA"), ("cudnn", "TF built for cuDNN"), ("nccl", "NCCL (Horovod's build)"),
                  ("mpi", "MPI"))
 
@@ -64,12 +68,28 @@ class CellChange:
 
 
 def _key(s: JobSummary, r: Row) -> tuple[str, str, int, str]:
-    return s.job_hash, r.identity.label, r.identity.world_size, r.identity.layout
+    """What a cell is matched on: job, backend (with its strategy and machine, without its tuning), size, layout."""
+    return s.job_hash, r.identity.family, r.identity.world_size, r.identity.layout
 
 
-def _cell_name(r: Row) -> str:
+def _cell_name(r: Row, other: Row | None = None) -> str:
+    """The cell, e.g. "native 2 replicas (1x2)"; "horovod (cycle 10 ms) [OLD horovod] 2 replicas (2x1)" when the two
+    sides' tuning labels differ."""
     i = r.identity
-    return f"{i.label} {i.world_size} replica{'' if i.world_size == 1 else 's'} ({i.layout})"
+    label = i.label if other is None or other.identity.label == i.label else f"{i.label} [OLD {other.identity.label}]"
+    return f"{label} {i.world_size} replica{'' if i.world_size == 1 else 's'} ({i.layout})"
+
+
+def _match(new: list[Row], old: list[Row]) -> tuple[list[tuple[Row, Row]], list[Row], list[Row]]:
+    """The pairs of one cell key (whatever their tuning labels: one row a side is a pair), and the rows left."""
+    if len(new) == 1 and len(old) == 1:
+        return [(new[0], old[0])], [], []
+    pairs = [(n, o) for n in new for o in old if n.identity.label == o.identity.label]
+    left_new = [n for n in new if all(n is not p[0] for p in pairs)]
+    left_old = [o for o in old if all(o is not p[1] for p in pairs)]
+    if len(left_new) == 1 and len(left_old) == 1:
+        return [*pairs, (left_new[0], left_old[0])], [], []
+    return pairs, left_new, left_old
 
 
 def judge(ratio: float, ci: tuple[float, float] | None, tolerance: float) -> str:
@@ -82,33 +102,43 @@ def judge(ratio: float, ci: tuple[float, float] | None, tolerance: float) -> str
 
 
 def compare_cells(new: Sequence[JobSummary], old: Sequence[JobSummary], tolerance: float) -> list[CellChange]:
-    """Every cell of NEW and OLD, matched on job hash, row label, replicas and layout (NEW's order, then cells only
-    OLD has)."""
-    olds = {_key(s, r): (s, r) for s in old for r in s.rows}
-    out, seen = [], set()
-    for s in new:
-        for r in s.rows:
-            k = _key(s, r)
-            seen.add(k)
-            job = f"{s.name} ({s.job_hash})"
-            if k not in olds:
-                out.append(CellChange(job, _cell_name(r), None, r, None, None, ONLY_NEW))
-                continue
-            o = olds[k][1]
+    """Every cell of NEW and OLD, matched on job hash, backend, replicas and layout whatever their tuning labels
+    (a tuning change is what a stack update brings; the knobs it changed are in the stacks' differences); NEW's order,
+    then cells only OLD has."""
+    groups: dict[tuple[str, str, int, str], tuple[list[Row], list[Row]]] = {}
+    names: dict[tuple[str, str, int, str], str] = {}
+    for side, summaries in ((0, new), (1, old)):
+        for s in summaries:
+            for r in s.rows:
+                k = _key(s, r)
+                groups.setdefault(k, ([], []))[side].append(r)
+                names.setdefault(k, f"{s.name} ({s.job_hash})")
+    out = []
+    for k, (n_rows, o_rows) in groups.items():
+        pairs, only_new, only_old = _match(n_rows, o_rows)
+        for r, o in pairs:
             ratio = r.throughput.median / o.throughput.median
             ci = ratio_interval(r.throughput.ips, o.throughput.ips)
-            out.append(CellChange(job, _cell_name(r), o, r, ratio, ci, judge(ratio, ci, tolerance)))
-    for k, (s, o) in olds.items():
-        if k not in seen:
-            out.append(CellChange(f"{s.name} ({s.job_hash})", _cell_name(o), o, None, None, None, ONLY_OLD))
+            out.append(CellChange(names[k], _cell_name(r, o), o, r, ratio, ci, judge(ratio, ci, tolerance)))
+        out += [CellChange(names[k], _cell_name(r), None, r, None, None, ONLY_NEW) for r in only_new]
+        out += [CellChange(names[k], _cell_name(o), o, None, None, None, ONLY_OLD) for o in only_old]
     return out
 
 
-def stack_facts(runs: Sequence[RunRecord]) -> dict[str, set[str]]:
-    """What a set of runs says of its software stack and hardware: versions (python, tensorflow, tf_keras,
-    horovod, its patch, numpy), what TF was built for, NCCL, MPI, GPU driver, CPU and GPU models."""
+def stack_facts(runs: Sequence[RunRecord], env_names: Iterable[str] = ()) -> dict[str, set[str]]:
+    """What a set of runs says of its software stack, tuning and hardware: every ``versions`` key (python,
+    tensorflow, tf_keras, horovod, its patch, numpy, and whatever else the record keeps there), each backend's tuning
+    knobs and the tuning environment the ranks saw (``tuning``: ``env_names`` a run did not see are "unset"), what
+    TF was built for, NCCL, MPI, GPU driver, CPU and GPU models."""
     out: dict[str, set[str]] = {k: set(v) for k, v in versions_by_key(runs).items()}
     for r in runs:
+        t = r.tuning if isinstance(r.tuning, Mapping) else None
+        if t is not None:
+            for knob, value in (t.get("knobs") or {}).items():
+                out.setdefault(f"{r.backend} {knob}", set()).add(fmt_value(value))
+            env = t.get("env") or {}
+            for name in env_names:
+                out.setdefault(f"{r.backend} environment {name}", set()).add(str(env.get(name, "unset")))
         m = r.machine if isinstance(r.machine, Mapping) else None
         if m is None:
             continue
@@ -124,6 +154,10 @@ def stack_facts(runs: Sequence[RunRecord]) -> dict[str, set[str]]:
     return out
 
 
+def _env_names(runs: Sequence[RunRecord]) -> set[str]:
+    return {str(k) for r in runs if isinstance(r.tuning, Mapping) for k in (r.tuning.get("env") or {})}
+
+
 def _values(values: set[str]) -> str:
     return " + ".join(sorted(values)) or "not recorded"
 
@@ -131,13 +165,21 @@ def _values(values: set[str]) -> str:
 def stack_diff(new: Sequence[RunRecord], old: Sequence[RunRecord]) -> list[str]:
     """"tensorflow 2.18.1 -> 2.21.0" for every stack fact that differs between OLD and NEW ("not recorded" where
     one side lacks it)."""
-    a, b = stack_facts(old), stack_facts(new)
+    names = _env_names([*new, *old])
+    a, b = stack_facts(old, names), stack_facts(new, names)
     out = []
     for key in dict.fromkeys([*a, *b]):
         va, vb = a.get(key, set()), b.get(key, set())
         if va != vb:
             out.append(f"{key} {_values(va)} -> {_values(vb)}")
     return out
+
+
+def not_recorded(runs: Sequence[RunRecord]) -> list[str]:
+    """What a centre would compare that no run records (``NOT_RECORDED``: listed, never guessed); a fact some run
+    keeps under its ``versions`` key (``RECORDED_AS``) is compared with the other versions instead."""
+    keys = set(versions_by_key(runs))
+    return [what for what in NOT_RECORDED if RECORDED_AS.get(what) not in keys]
 
 
 def _value(x: float | None) -> str:
@@ -154,7 +196,7 @@ def quality(c: CellChange) -> str:
     return "; ".join(parts)
 
 
-BASELINE_HEADER = ("job", "cell", "runs (old / new)", "old img/s", "new img/s", "change [bootstrap 95% CI]",
+BASELINE_HEADER = ("job", "cell", "runs (old / new)", "old images/s", "new images/s", "change [bootstrap 95% CI]",
                    "final loss, validation (old -> new)", "verdict")
 
 
@@ -177,41 +219,58 @@ class Baseline:
     changes: list[CellChange]
     stack: list[str]
     tolerance: float
+    unrecorded: list[str] = field(default_factory=list)  # NOT_RECORDED facts no run keeps
 
     @property
     def slower(self) -> list[CellChange]:
         return [c for c in self.changes if c.verdict == SLOWER]
+
+    @property
+    def uncompared(self) -> list[CellChange]:
+        """Cells of one side without a counterpart on the other: the check cannot say they did not regress."""
+        return [c for c in self.changes if c.ratio is None]
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_SLOWER if self.slower else EXIT_UNCOMPARED if self.uncompared else 0
 
     def summary_line(self) -> str:
         """The one line that decides the exit status."""
         tol = percent(self.tolerance)
         stack = (f"; the stacks differ in {', '.join(self.stack)}" if self.stack
                  else "; the stacks recorded are identical")
+        missing = (f"; {len(self.uncompared)} cell(s) could not be compared: "
+                   + "; ".join(f"{c.job} {c.cell} {c.verdict}" for c in self.uncompared)) if self.uncompared else ""
         if self.slower:
             cells = "; ".join(f"{c.job} {c.cell} {c.change}" for c in self.slower)
-            return f"slower than the baseline beyond {tol}: {cells}{stack}"
-        compared = sum(c.ratio is not None for c in self.changes)
+            return f"slower than the baseline beyond {tol}: {cells}{missing}{stack}"
+        compared = len(self.changes) - len(self.uncompared)
+        if self.uncompared:
+            return f"not every cell compared (none slower beyond {tol} of {compared} compared){missing}{stack}"
         return f"no cell slower than the baseline beyond {tol} ({compared} cells compared){stack}"
 
     def lines(self) -> list[str]:
         """What the section says under its table: stack differences, what is not recorded, how cells are judged."""
         return [f"Stack differences (OLD -> NEW): {'; '.join(self.stack) or 'none recorded'}.",
-                f"Not in the records, so not compared: {'; '.join(NOT_RECORDED)}.",
-                f"A cell is slower (faster) when its median img/s fell (rose) by more than {percent(self.tolerance)} "
-                "and, with 6 or more runs on each side, the bootstrap 95% interval of NEW/OLD lies wholly below "
-                f"(above) 1; with fewer runs the medians decide ({NEEDS_RUNS} for an interval).",
+                *([f"Not in the records, so not compared: {'; '.join(self.unrecorded)}."] if self.unrecorded else []),
+                "Cells are matched on job, backend, replicas and layout, whatever their tuning labels (a changed knob "
+                "is a stack difference). A cell is slower (faster) when its median images/s fell (rose) by more "
+                f"than {percent(self.tolerance)} and, with 6 or more runs on each side, the bootstrap 95% interval "
+                "of NEW/OLD lies wholly below (above) 1; with fewer runs the medians decide "
+                f"({NEEDS_RUNS} for an interval). A cell only in NEW or only in OLD fails the check (exit "
+                f"{EXIT_UNCOMPARED} when no cell is slower).",
                 self.summary_line()]
 
 
 def compare(new: Sequence[JobSummary], old: Sequence[JobSummary], tolerance: float) -> Baseline:
     """NEW's jobs against OLD's."""
-    return Baseline(compare_cells(new, old, tolerance),
-                    stack_diff([r for s in new for r in s.records], [r for s in old for r in s.records]), tolerance)
+    runs_new, runs_old = [r for s in new for r in s.records], [r for s in old for r in s.records]
+    return Baseline(compare_cells(new, old, tolerance), stack_diff(runs_new, runs_old), tolerance,
+                    not_recorded([*runs_new, *runs_old]))
 
 
-def baseline_markdown(b: Baseline, old_sources: Sequence[str]) -> list[str]:
-    """The report.md section (after the verdict)."""
-    from common.report.render import md_table
-
-    return ["## Against the baseline", "", f"NEW = this report's results; OLD = {', '.join(old_sources)}; tolerance "
-            f"{percent(b.tolerance)}.", "", md_table(*baseline_table(b.changes)), "", *(f"{x}\n" for x in b.lines())]
+def baseline_part(b: Baseline, old_sources: Sequence[str]) -> list[Block]:
+    """The section against the baseline (after the verdict)."""
+    return [Heading("Against the baseline", 2),
+            Para(f"NEW = this report's results; OLD = {', '.join(old_sources)}; tolerance {percent(b.tolerance)}."),
+            table(*baseline_table(b.changes)), *(Para(x) for x in b.lines())]

@@ -9,12 +9,11 @@ from pathlib import Path
 
 from common.core import registry
 from common.report.base import ReportError
-from common.report.baseline import EXIT_SLOWER, baseline_table, parse_tolerance
-from common.report.build import Report, build_report, load_set
+from common.report.baseline import EXIT_SLOWER, EXIT_UNCOMPARED, baseline_table, parse_tolerance
+from common.report.build import Report, ReportOptions, build_report
 from common.report.converge import EXIT_CONVERGED, EXIT_NOT_YET, check, converged, format_checks, parse_width
-from common.report.render import format_ratio_table, format_table
-from common.report.render import md_table as format_md_table
-from common.report.selection import select_jobs
+from common.report.load import load_set, select_jobs
+from common.report.render import format_ratio_table, format_table, md_table
 from common.report.summary import summarize
 from common.report.verdict import verdict_lines
 
@@ -50,8 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(common.report.converge)")
     p.add_argument("--baseline", type=Path, action="append", default=[], metavar="OLD",
                    help="compare every cell with the same cell of the results in OLD (repeatable: one set): change "
-                        "of median img/s with its bootstrap interval, final loss and validation, the software "
-                        "stacks' differences; exit 4 when a cell is slower beyond --tolerance")
+                        "of median throughput with its bootstrap interval, final loss and validation, the software "
+                        f"stacks' differences; exit {EXIT_SLOWER} when a cell is slower beyond --tolerance, "
+                        f"{EXIT_UNCOMPARED} when a cell could not be compared")
     p.add_argument("--tolerance", metavar="T", help="with --baseline: the change that counts, e.g. 5%% or 0.05 "
                                                     "(default 5%%)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the paths written, not the tables")
@@ -84,7 +84,8 @@ def _until(args: argparse.Namespace, job: dict | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 2 bad input or a refused comparison; with --until 0 every
-    cell converged, 1 not yet; with --baseline 4 when a cell is slower than OLD beyond the tolerance)."""
+    cell converged, 1 not yet; with --baseline 4 (EXIT_SLOWER) when a cell is slower than OLD beyond the tolerance,
+    else 5 (EXIT_UNCOMPARED) when a cell of one side has no counterpart in the other)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.set and args.job is None:
@@ -111,9 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ReportError(str(e)) from None
         if args.until is not None:
             return _until(args, job)
-        rep = build_report(args.results_dir, args.out, job_hash=args.job_hash, compare=args.compare, job=job,
-                           plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions,
-                           extrapolate_to=args.extrapolate_to, baseline=args.baseline, tolerance=tolerance)
+        options = ReportOptions(job_hash=args.job_hash, compare=tuple(args.compare) if args.compare else None,
+                                job=job, plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions,
+                                extrapolate_to=args.extrapolate_to, baseline=tuple(args.baseline),
+                                tolerance=tolerance)
+        rep = build_report(args.results_dir, args.out, options)
     except ReportError as e:
         print(f"report: {e.prefix}{e}", file=sys.stderr)
         return 2
@@ -126,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rep.baseline is None:
         return 0
     if not args.quiet:
-        print("\nAgainst the baseline:\n" + format_md_table(*baseline_table(rep.baseline.changes)))
+        print("\nAgainst the baseline:\n" + md_table(*baseline_table(rep.baseline.changes)))
         print("\n".join(rep.baseline.lines()[:-1]))
     print(rep.baseline.summary_line())
-    return EXIT_SLOWER if rep.baseline.slower else 0
+    return rep.baseline.exit_status

@@ -57,6 +57,7 @@ class CellCheck:
     interval: Interval | None  # None for a single repeat
     width: float | None  # max(median - low, high - median) / median; None without an interval
     converged: bool
+    unit: str = "images/s"  # the median's unit (JobSummary.unit)
 
     def why(self) -> str:
         """What keeps the cell from converging ("" when it is converged), e.g. "8.1% wide", "5 of 6 runs"."""
@@ -93,7 +94,7 @@ def check(summaries: Sequence[JobSummary], width: float) -> list[CellCheck]:
     out = []
     for s in summaries:
         for row in s.rows:
-            c = check_row(row, width)
+            c = replace(check_row(row, width), unit=s.unit)
             out.append(c if len(summaries) == 1 else replace(c, cell=f"{s.name}: {c.cell}"))
     return out
 
@@ -112,7 +113,9 @@ def verdict(checks: Sequence[CellCheck], width: float) -> str:
 
 def format_checks(checks: Sequence[CellCheck], width: float) -> list[str]:
     """A table (cell, runs, median, interval, width, converged / not yet) and the verdict line last."""
-    head = ("cell", "runs", "img/s median", "interval", "width", f"within {percent(width)}")
+    units = {c.unit for c in checks}
+    head = ("cell", "runs", f"{units.pop() if len(units) == 1 else 'throughput'} median", "interval", "width",
+            f"within {percent(width)}")
     rows = [(c.cell, str(c.repeats), f"{c.median:.1f}", c.interval.text() if c.interval else "no interval",
              f"{100 * c.width:.1f}%" if c.width is not None else "-",
              "converged" if c.converged else f"not yet ({c.why()})") for c in checks]

@@ -1,5 +1,7 @@
 """The machines a job's runs ran on (each record's ``machine`` block, common.cluster.machine): the row keys that keep
-runs on different machines apart, the report's Machine section and the plots' subtitle.
+runs on different machines apart, the report's Machine section and the plots' subtitle; and the Environment
+section's data (who bound the CPUs, paths relative to the results directory with no home directory, the recorded
+commands).
 
 A run's machine signature is its CPU model(s), GPU model(s) and node count. Rows are never merged across
 signatures: when a job's runs have more than one hardware (CPU and GPU models), every row names its hardware, and
@@ -11,8 +13,10 @@ Records older than the block have no signature ("machine not recorded") and repo
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from common.cluster.machine import section
@@ -203,3 +207,55 @@ def subtitle(runs: Sequence[RunRecord]) -> str:
     count = (f"{nodes[0]}" if len(nodes) == 1 else f"{nodes[0]}-{nodes[-1]}") if nodes else "?"
     shown = " / ".join(names[:2]) + (f" / {len(names) - 2} more" if len(names) > 2 else "")
     return f"{shown}; {count} node{'' if count == '1' else 's'}"
+
+
+# -- the Environment section's data --------------------------------------------------------------------------------
+def distinct(values: Iterable[str], limit: int = 12) -> str:
+    """The distinct values as code spans, in first-seen order, at most ``limit`` of them."""
+    seen = list(dict.fromkeys(values))
+    if not seen:
+        return NA
+    more = f", … and {len(seen) - limit} more" if len(seen) > limit else ""
+    return ", ".join(f"`{v}`" for v in seen[:limit]) + more
+
+
+def _rank_strings(per_run: Iterable[list[str] | None]) -> list[str]:
+    """The per-rank strings (hosts, devices) of every run, in order."""
+    return [str(x) for v in per_run if isinstance(v, list) for x in v]
+
+
+def binding_mix(runs: Sequence[RunRecord]) -> str | None:
+    """"native: self; horovod: none" when a job's runs were bound differently (``topology.cpu_bind``: who bound
+    each rank), else None; runs that predate the record count as "unknown"."""
+    seen: dict[str, set[str]] = {}
+    for r in runs:
+        how = (r.topology or {}).get("cpu_bind") or ["unknown"]
+        seen.setdefault(str(r.backend), set()).update(str(x) for x in how)
+    if len({frozenset(v) for v in seen.values()}) <= 1 and all(len(v) == 1 for v in seen.values()):
+        return None
+    return "; ".join(f"{b}: {', '.join(sorted(v))}" for b, v in sorted(seen.items()))
+
+
+HOME_PATTERN = re.compile(r"(?:/home|/Users)/[^/\s'\"]+|/root(?=/|\s|$|['\"])")  # home directories on Linux,
+# macOS and root's: the report names none, whoever made the runs
+
+
+def shorten_paths(text: str, results_dir: Path | None = None) -> str:
+    """``text`` with the results directory written "." and any home directory "~": the report's paths are relative
+    to the results directory and name no home."""
+    if results_dir is not None:
+        for d in dict.fromkeys((str(results_dir.resolve()), str(results_dir.absolute()))):
+            text = re.sub(re.escape(d.rstrip("/")) + r"(?=/|\s|$|['\"=,:])", ".", text)
+    home = str(Path.home()).rstrip("/")
+    if home not in ("", "/"):
+        text = re.sub(re.escape(home) + r"(?=/|\s|$|['\"=,:])", "~", text)
+    return HOME_PATTERN.sub("~", text)
+
+
+def short_command(cmd: Sequence[Any], results_dir: Path | None = None) -> str:
+    """A recorded command line as shell words, the interpreter by its name (its path is the environment's: the
+    versions line says which Python) and paths shortened (``shorten_paths``)."""
+    words = [str(c) for c in cmd]
+    if words and "/" in words[0] and Path(words[0]).name.startswith("python"):
+        words[0] = Path(words[0]).name
+    return shorten_paths(shlex.join(words), results_dir)

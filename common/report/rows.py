@@ -1,21 +1,69 @@
 """What a job's summary holds: its rows (one backend x machine x world size x layout cell of the scaling table),
-their ratios, and how a run is labelled (the row it joins)."""
+their ratios, how a run is labelled (the row it joins), and each row's figures from its repeats' records: validation
+(time to target, MLPerf's time-to-train idea, and the final validation numbers, from ``RunRecord.evaluations`` and
+``time_to_target_s``) and what the runs cost besides time (peak memory per rank, GPU energy over the timed steps,
+``RunRecord.energy``, and GPU-hours; energy and GPU-hours only for runs on GPUs: absent, never zero, on a CPU).
+
+Memory: the TensorFlow allocator's peak on the rank's GPU when a rank recorded one (``machine`` block,
+``memory.peak_gpu_bytes``), else the process's peak resident set (``memory.peak_rss_bytes``, host memory)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from common.cluster.machine import section
 from common.core import registry
-from common.core.results import RunRecord
-from common.report.base import NA
-from common.report.load import LoadedRun
-from common.report.resources import Resources
-from common.report.stats import Interval
+from common.core.results import EVALUATION_META, RunRecord
+from common.report.base import IMAGES, NA, SAMPLES
+from common.report.stats import Interval, median, num
 
 RATIO_NUM, RATIO_DEN = registry.RATIO  # numerator and denominator of the throughput ratio
+
+
+class Layout(NamedTuple):
+    """Where a run's ranks ran, from its ``hosts`` (one entry per rank; every schema has it): nodes = distinct
+    hosts, ranks per node = ranks / nodes (None when the nodes hold different numbers), text "2x4" (nodes x ranks
+    per node), "2x(3+1)" for uneven nodes, "?" when the record names no hosts."""
+
+    nodes: int | None
+    ranks_per_node: int | None
+    text: str
+
+
+def layout_of(hosts: Sequence[Any] | None) -> Layout:
+    """The Layout of a run whose ranks ran on ``hosts``."""
+    if not isinstance(hosts, list) or not hosts:
+        return Layout(None, None, "?")
+    counts = Counter(str(h) for h in hosts)
+    per = sorted(counts.values(), reverse=True)
+    if len(set(per)) == 1:
+        return Layout(len(counts), per[0], f"{len(counts)}x{per[0]}")
+    return Layout(len(counts), None, f"{len(counts)}x({'+'.join(map(str, per))})")
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A training run as the report holds it: its record (of the current schema: older files are upgraded on
+    reading) and where it came from."""
+
+    record: RunRecord
+    path: str | None = None  # the results file it was read from; None for a record handed in, not read
+
+    @property
+    def layout(self) -> Layout:
+        return layout_of(self.record.hosts)
+
+    @classmethod
+    def of(cls, run: LoadedRun | RunRecord | Mapping[str, Any]) -> LoadedRun:
+        """A run handed to the report: loaded already, a record, or a parsed results JSON (RecordError if it is not
+        a readable one)."""
+        if isinstance(run, LoadedRun):
+            return run
+        return cls(run if isinstance(run, RunRecord) else RunRecord.from_dict(run))
 
 
 @dataclass(frozen=True)
@@ -31,10 +79,12 @@ class Identity:
     series: str = ""  # the rows sharing a speedup baseline: plain label + hardware, no node count ("": plain)
     variant: str | None = None  # the runs' tuning variant (``RunRecord.tuning_variant``); None: default knobs
     comparable: bool = True  # the backend's default way of training (strategy, synchronous): in best vs best
+    family: str = ""  # the label without its tuning variant (machine kept): what --baseline matches on ("": label)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plain", self.plain or self.label)
         object.__setattr__(self, "series", self.series or self.plain)
+        object.__setattr__(self, "family", self.family or self.label)
 
 
 @dataclass(frozen=True)
@@ -79,6 +129,7 @@ class RunFacts:
     final_loss: float | None  # median over repeats of the last step's loss
     collective: str | None  # ``RunRecord.collective_used`` of the repeats ("a, b" if they differ); None: unknown
     files: list[str]  # the repeats' results files
+    same_batches: int = 0  # repeats whose ranks all got the same first batches (an input function not sharding)
 
 
 @dataclass(frozen=True)
@@ -108,6 +159,73 @@ class Scaling:
     efficiency: float | None = None
     ratio: float | None = None  # registry.RATIO at this world size, on both backends' rows
     ratio_ci: tuple[float, float] | None = None  # bootstrap 95% interval of ``ratio`` (stats.ratio_interval)
+
+
+ENERGY_SCOPE = ("GPU only: the GPUs' own energy counters (NVML nvmlDeviceGetTotalEnergyConsumption, Volta and "
+                "later) over the timed steps, summed over ranks; no CPU, memory, network or cooling, so not "
+                "comparable with MLPerf Power's whole-system figures")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A row's resource figures (None: not recorded or not applicable)."""
+
+    peak_memory_bytes: float | None = None  # per rank: the largest rank's, median over repeats
+    memory_kind: str | None = None  # "GPU" (allocator peak) or "host RSS"
+    energy_j: float | None = None  # GPU energy over the timed steps, all ranks, median over repeats
+    energy_per_image_j: float | None = None
+    gpu_hours_per_epoch: float | None = None  # GPUs x the timed step time x steps per epoch
+    gpu_hours_to_target: float | None = None  # GPUs x time to target
+
+
+def _peak(run: RunRecord, key: str) -> float | None:
+    """The largest rank's ``memory.<key>`` of a run (None: no rank recorded it)."""
+    m = run.machine if isinstance(run.machine, Mapping) else {}
+    vals = [v for x in section(m, "memory") if isinstance(x, Mapping) and (v := num(x.get(key))) is not None]
+    return max(vals) if vals else None
+
+
+def energy_joules(run: RunRecord) -> float | None:
+    """The run's GPU energy over its timed steps (``energy.gpu_joules``), None when not measured."""
+    e = run.energy if isinstance(run.energy, Mapping) else {}
+    return num(e.get("gpu_joules"))
+
+
+def timed_images(run: RunRecord) -> float | None:
+    """Images processed in the timed steps (global batch x timed steps)."""
+    steps = num(run.step_time.get("timed_steps"))
+    return float(run.global_batch_size) * steps if run.global_batch_size and steps else None
+
+
+def _per_image(run: RunRecord) -> float | None:
+    joules, images = energy_joules(run), timed_images(run)
+    return joules / images if joules is not None and images else None
+
+
+def _gpu_hours_per_epoch(run: RunRecord, gpus: int) -> float | None:
+    step = num(run.step_time.get("mean"))
+    return gpus * step * run.steps_per_epoch / 3600 if step is not None and run.steps_per_epoch else None
+
+
+def row_resources(runs: Sequence[RunRecord], on_gpu: bool) -> Resources:
+    """The Resources of one row's repeats; ``on_gpu``: the row ran on GPUs (one per replica)."""
+    gpu = median(_peak(r, "peak_gpu_bytes") for r in runs)
+    rss = median(_peak(r, "peak_rss_bytes") for r in runs)
+    mem, kind = (gpu, "GPU") if gpu is not None else (rss, "host RSS") if rss is not None else (None, None)
+    if not on_gpu:
+        return Resources(mem, kind)
+    ttt = [r.world_size * t / 3600 for r in runs if (t := num(r.time_to_target_s)) is not None]
+    return Resources(mem, kind, median(energy_joules(r) for r in runs), median(_per_image(r) for r in runs),
+                     median(_gpu_hours_per_epoch(r, r.world_size) for r in runs), median(ttt))
+
+
+def memory_text(res: Resources) -> str | None:
+    """e.g. "1.2 GiB GPU", "812 MiB host RSS"; None when not recorded."""
+    b = res.peak_memory_bytes
+    if b is None:
+        return None
+    size = f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
+    return f"{size} {res.memory_kind}"
 
 
 @dataclass
@@ -179,6 +297,12 @@ class JobSummary:
     def records(self) -> list[RunRecord]:
         return [r.record for r in self.runs]
 
+    @property
+    def unit(self) -> str:
+        """Its throughput's unit: images/s for one of twinbench's datasets (all images: common.workload.datasets),
+        samples/s for the user's own ("package.module:function": arrays or an input function, of anything)."""
+        return SAMPLES if ":" in str(self.job.get("dataset", "")) else IMAGES
+
 
 def order_backends(names: Iterable[str]) -> list[str]:
     """The registry's backends in its order, then any other backend found in results, sorted."""
@@ -187,13 +311,14 @@ def order_backends(names: Iterable[str]) -> list[str]:
     return [b for b in known if b in names] + sorted(names - set(known))
 
 
-def row_label(run: RunRecord) -> str:
+def row_label(run: RunRecord, tuning: bool = True) -> str:
     """The backend column of a run's row: its backend, or with a strategy other than the default e.g. "native
     (mirrored)", with tuning knobs not at their defaults e.g. "horovod (fusion 32 MiB)", and for an asynchronous
     run (``RunRecord.asynchronous``: parameter-server training) "native (parameter_server, asynchronous)": rows of
     their own, never merged with the default's, outside the backend ratio (which compares the backends' default
-    ways of training; variants meet in the report's best vs best table)."""
-    parts = [s for s in (run.strategy, run.tuning_variant) if s]
+    ways of training; variants meet in the report's best vs best table). ``tuning=False``: without the tuning
+    variant (what a baseline matches cells on)."""
+    parts = [s for s in (run.strategy, run.tuning_variant if tuning else None) if s]
     if run.asynchronous is True:
         parts = [*(parts or ["?"]), "asynchronous"]
     return f"{run.backend} ({', '.join(parts)})" if parts else str(run.backend)
@@ -217,3 +342,60 @@ def input_text(row: Row) -> str:
         return f"{share} {i.verdict}" if i.verdict else share
     what = f"{share} input + between steps" if i.method == "gap" else f"{share} ({i.method})"
     return f"{what}: kept up" if i.verdict == "kept up" else what
+
+
+# -- validation ----------------------------------------------------------------------------------------------------
+# What the section says about its numbers (rendered once, under the table).
+TTT_METHOD = (
+    "time to target = wall time from the first training step to the end of the first evaluation at which the job's "
+    "target_metric reached target_value (>= for a metric, <= for the loss), evaluations included (they are excluded "
+    "from images/s and the step times); median over the repeats that reached it, \"reached\" counts them; final "
+    "validation = median over repeats of the last evaluation's numbers (the loss is the data loss, without "
+    "regularisation)"
+)
+
+
+def evaluations(run: RunRecord) -> list[Mapping[str, object]]:
+    """The run's evaluations ([] for a run without any)."""
+    return [e for e in run.evaluations if isinstance(e, Mapping)] if isinstance(run.evaluations, list) else []
+
+
+def target_of(run: RunRecord) -> tuple[str, float] | None:
+    """(target_metric, target_value) the run's job set, or None."""
+    metric, value = run.job.get("target_metric"), num(run.job.get("target_value"))
+    return (metric, value) if isinstance(metric, str) and metric and value is not None else None
+
+
+def row_validation(runs: Sequence[RunRecord]) -> Validation:
+    """The Row's evaluation figures: ``ttt`` (median over the repeats that reached the target), ``reached`` (how
+    many did), ``targeted`` (repeats with a target), ``final`` (name -> median of the last evaluation's value over
+    the repeats that evaluated)."""
+    targeted = [r for r in runs if target_of(r)]
+    times = [t for r in targeted if (t := num(r.time_to_target_s)) is not None]
+    finals: dict[str, list[float]] = {}
+    for r in runs:
+        ev = evaluations(r)
+        if ev:
+            for k, v in ev[-1].items():
+                if k not in EVALUATION_META and num(v) is not None:
+                    finals.setdefault(k, []).append(float(v))
+    return Validation(median(times), len(times), len(targeted), {k: median(v) for k, v in finals.items()})
+
+
+def validation_names(runs: Sequence[RunRecord]) -> list[str]:
+    """The names the runs' last evaluations carry, loss first."""
+    names: dict[str, None] = {}
+    for r in runs:
+        ev = evaluations(r)
+        if ev:
+            names.update(dict.fromkeys(k for k in ev[-1] if k not in EVALUATION_META))
+    return sorted(names, key=lambda k: (k != "loss", k))
+
+
+def same_first_batches(run: RunRecord) -> bool:
+    """The run's ranks (two or more) all got the same first batches: the fingerprints an input function's runs record
+    per rank (``input.pipeline.per_rank``) are all equal, so its workers trained on the same data."""
+    pipeline = run.input.get("pipeline") if isinstance(run.input, Mapping) else None
+    per_rank = pipeline.get("per_rank") if isinstance(pipeline, Mapping) else None
+    prints = [r.get("fingerprint") for r in per_rank if isinstance(r, Mapping)] if isinstance(per_rank, list) else []
+    return len(prints) > 1 and None not in prints and len(set(map(str, prints))) == 1

@@ -1,7 +1,10 @@
 """The verdict: per job and layout (nodes x ranks per node), in one line of plain words, which backend is faster and
 by how much, with the bootstrap 95% interval of the throughput ratio (common.report.stats.ratio_interval), the
 caveats that apply, and beside speed what else was measured: peak memory per rank, GPU energy per image, time to
-target.
+target; and best vs best, when a job has tuning variants (``RunRecord.tuning.variant``): each backend's fastest
+variant per world size next to its default, and the backend ratio of the fastest variants beside the ratio of the
+defaults. Only rows of a backend's default way of training take part (``Row.comparable``: default strategy,
+synchronous); the fastest is the highest median images/s, a pick that favours a lucky variant when repeats are few.
 
 The rule: with 6 or more runs per cell, an interval containing 1 is "no significant difference", otherwise the
 faster backend and its lead with the interval; with fewer runs the line says it needs 6 runs per cell and gives the
@@ -13,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.report.best import best_ratios, best_rows
-from common.report.environment import binding_mix
-from common.report.resources import memory_text
-from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row
+from common.report.base import in_unit, md_escape, plain
+from common.report.machines import binding_mix
+from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row, memory_text, order_backends
 from common.report.stats import MIN_CI_RUNS, NEEDS_RUNS
 
 INPUT_BOUND = ("moderately input-bound", "highly input-bound")
@@ -105,6 +107,11 @@ def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
     for r in (d, n):
         if r.input.verdict in INPUT_BOUND:
             out.append(f"{r.identity.backend} {r.input.verdict}")
+    for r in (d, n):
+        if r.facts.same_batches:
+            out.append(f"{r.identity.backend}'s ranks all got the same first batches in {r.facts.same_batches} of "
+                       f"{r.throughput.repeats} run(s): its input function does not shard, every worker trained on "
+                       "the same data")
     if d.identity.layout != n.identity.layout or d.identity.num_workers != n.identity.num_workers:
         out.append(f"different layouts ({RATIO_DEN} {d.identity.layout} with {d.identity.num_workers} workers, "
                    f"{RATIO_NUM} {n.identity.layout} with {n.identity.num_workers})")
@@ -112,7 +119,7 @@ def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
         out.append(f"mixed software versions ({'; '.join(s.version_mix)})")
     if binding_mix(s.records):
         out.append("CPU binding differs between runs")
-    best = next((b for b in best_ratios(best_rows(s)) if b.world_size == q.world_size), None)
+    best = next((b for b in best_ratios(best_rows(s)) if (b.world_size, b.layout) == (q.world_size, q.layout)), None)
     if best is not None and best.best_ratio is not None and (best.den_best, best.num_best) != ("default", "default"):
         out.append(f"tuned variants ran: best vs best {RATIO_NUM}/{RATIO_DEN} {best.best_ratio:.3f} "
                    f"({RATIO_DEN} {best.den_best}, {RATIO_NUM} {best.num_best})")
@@ -138,14 +145,19 @@ def job_verdicts(s: JobSummary) -> list[Verdict]:
     return out
 
 
+def verdict_title(s: JobSummary) -> str:
+    """The line introducing a job's verdicts (inline markup: the name and hash as code)."""
+    return f"`{md_escape(s.name)}` (`{s.job_hash}`), {RATIO_NUM} vs {RATIO_DEN}:"
+
+
 def verdict_lines(summaries: Sequence[JobSummary]) -> list[str]:
-    """Every job's verdict lines, each job introduced by its name and hash (plain text)."""
+    """Every job's verdict lines, each job introduced by its title (plain text)."""
     out = []
     for s in summaries:
         vs = job_verdicts(s)
         if vs:
-            out.append(f"{s.name} ({s.job_hash}), {RATIO_NUM} vs {RATIO_DEN}:")
-            out += [f"  {v.text}" for v in vs]
+            out.append(plain(verdict_title(s)))
+            out += [f"  {in_unit(v.text, s.unit)}" for v in vs]
     return out
 
 
@@ -154,3 +166,69 @@ VERDICT_NOTE = (f"Faster = higher median images/s; the interval is the bootstrap
                 "interval containing 1 is no significant difference; fewer than "
                 f"{MIN_CI_RUNS} runs in a cell give no interval, so no verdict. Peak memory per rank: the largest "
                 "rank's, GPU (TensorFlow allocator peak) when recorded, else host RSS; median over repeats.")
+
+
+# -- best vs best --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BestRow:
+    """One backend at one world size and layout: its default-knob row and its fastest row (the default itself,
+    possibly)."""
+
+    backend: str
+    world_size: int
+    layout: str  # nodes x ranks per node: best vs best never compares two layouts
+    default: Row | None  # None: only variants ran at this size and layout
+    best: Row
+
+    @property
+    def best_name(self) -> str:
+        return self.best.identity.variant or "default"
+
+
+@dataclass(frozen=True)
+class BestRatio:
+    """``registry.RATIO`` at one world size and layout, of the defaults and of the fastest variants (None: a side is
+    missing)."""
+
+    world_size: int
+    layout: str
+    default_ratio: float | None
+    best_ratio: float | None
+    den_best: str  # the denominator's fastest variant ("default" or its label)
+    num_best: str
+
+
+def _fastest(rows: list[Row]) -> Row | None:
+    return max(rows, key=lambda r: r.throughput.median) if rows else None
+
+
+def best_rows(s: JobSummary) -> list[BestRow]:
+    """Per backend (registry order), world size and layout, the default and the fastest row; empty without
+    variants."""
+    rows = [r for r in s.rows if r.identity.comparable]
+    if not any(r.identity.variant for r in rows):
+        return []
+    out = []
+    for b in order_backends(r.identity.backend for r in rows):
+        mine = [r for r in rows if r.identity.backend == b]
+        for ws, layout in sorted(dict.fromkeys((r.identity.world_size, r.identity.layout) for r in mine)):
+            cell = [r for r in mine if (r.identity.world_size, r.identity.layout) == (ws, layout)]
+            best = _fastest(cell)
+            assert best is not None  # the cell holds at least the row that put (ws, layout) in the set
+            out.append(BestRow(b, ws, layout, _fastest([r for r in cell if r.identity.variant is None]), best))
+    return out
+
+
+def best_ratios(cells: list[BestRow]) -> list[BestRatio]:
+    """The backend ratio at every world size and layout where both backends have rows (never across layouts)."""
+    out = []
+    for ws, layout in sorted(dict.fromkeys((c.world_size, c.layout) for c in cells)):
+        by = {c.backend: c for c in cells if (c.world_size, c.layout) == (ws, layout)}
+        den, num = by.get(RATIO_DEN), by.get(RATIO_NUM)
+        if den is None or num is None:
+            continue
+        default = num.default.throughput.median / den.default.throughput.median if num.default and den.default \
+            else None
+        out.append(BestRatio(ws, layout, default, num.best.throughput.median / den.best.throughput.median,
+                             den.best_name, num.best_name))
+    return out
