@@ -1,0 +1,65 @@
+"""twinbench on a stack it did not install: both backends at 2 ranks inside a centre-like image (Debian 12 minbase,
+TensorFlow + tf-keras from PyPI and a Horovod wheel in /opt/stack, no TensorBoard, no twinbench: the checkout is
+bound in), run by Charliecloud's ch-run through TWINBENCH_CONTAINER, against the same job on the host.
+
+The image is built once by ``scripts/stack_image.sh`` (about 2 minutes; cached in ~/.cache/twinbench/images): the
+set-up for tests builds it (TWINBENCH_WITH_STACK_IMAGE=1); without it the test skips, or fails under make test."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+
+import pytest
+
+from common.core import registry
+from tests.conftest import PY, REPO, REQUIRE_CLUSTERS, SMOKE, base_env, first_divergence, only_result, run
+
+pytestmark = pytest.mark.distributed
+IMAGE_PYTHON = "/opt/stack/bin/python"  # where scripts/stack_image.sh installs the stack, as a centre's image would
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    p = subprocess.run(["bash", "scripts/stack_image.sh", "--path"], cwd=REPO, capture_output=True, text=True)
+    if p.returncode != 0 or not p.stdout.strip():
+        why = f"no stack image ({p.stderr.strip()}): TWINBENCH_WITH_STACK_IMAGE=1 bash scripts/setup.sh builds it"
+        if os.environ.get(REQUIRE_CLUSTERS) == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    return p.stdout.strip().splitlines()[-1]
+
+
+def test_both_backends_inside_the_image_compute_what_they_do_on_the_host(runner, image, tmp_path):
+    env = {**base_env(), "TWINBENCH_CONTAINER": f"charliecloud:{image}",
+           "TWINBENCH_CONTAINER_PYTHON": IMAGE_PYTHON, "USER": os.environ.get("USER") or getpass.getuser()}
+    inside, host = tmp_path / "inside", {}
+    for kind in registry.names():
+        out = inside / kind
+        line = subprocess.run([PY, "-m", "backends", "command", kind, "2", "--job", SMOKE, "--results", str(out),
+                               "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+        cmd = line.stdout.splitlines()
+        assert cmd[0] == "ch-run" and IMAGE_PYTHON in cmd, cmd  # every rank runs the image's Python
+        proc = run(cmd, env=env)
+        # the image has no TensorBoard (TensorFlow 2.21 does not depend on it): one line, and the run completes
+        assert "TensorBoard is not installed" in proc.stderr
+        rec = only_result(out)
+        host[kind] = runner(kind)  # the session's same run on the host's .venv
+        problem = first_divergence(rec["step_losses"], host[kind]["step_losses"], 1e-5)
+        assert problem is None, f"{kind} inside the image vs on the host: {problem}"
+        assert rec["job_hash"] == host[kind]["job_hash"]
+        vers = rec["versions"]
+        assert vers["container"].startswith("charliecloud 0.") and os.path.basename(image) in vers["container_image"]
+        assert vers["container_image"].startswith("manifest-sha256:")
+        assert vers["python"] != "" and "container" not in host[kind]["versions"]
+        if "horovod" in vers:
+            assert vers["horovod_build"] == "found"  # the image's wheel, not this environment's marked build
+    # --baseline over the two sets names the image as a stack difference
+    rep = subprocess.run([PY, "-m", "common.report", str(inside / registry.names()[0]), "--baseline",
+                          str(runner.results_dir(registry.names()[0])), "--out", str(tmp_path / "rep"), "--no-plots"],
+                         cwd=REPO, env=base_env(), capture_output=True, text=True)
+    text = rep.stdout + rep.stderr + "".join(p.read_text() for p in (tmp_path / "rep").glob("*.md"))
+    stack_line = next((ln for ln in text.splitlines() if "Stack differences" in ln), "")
+    assert "container not recorded -> charliecloud 0." in stack_line, text[-3000:]
+    assert "container_image not recorded -> manifest-sha256:" in stack_line
