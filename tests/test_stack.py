@@ -131,3 +131,38 @@ def test_horovodrun_gets_disable_cache_only_where_home_is_read_only(tmp_path):
     line = horovod.horovodrun_command("localhost:2", 2, ["--job", "j.toml"], "/x/bin/python")
     assert line[line.index("--gloo") + 1:line.index("/x/bin/python")] == container.horovodrun_cache_flags()
     assert Path(line[0]).name == "horovodrun"
+
+
+_STACK = {"python": "3.11.2", "tensorflow": "2.21.0", "tf_keras": "2.21.0", "horovod": "0.28.1",
+          "horovod_built": {"mpi": True, "gloo": True, "nccl": 0, "cuda": False, "rocm": False},
+          "horovod_build": "found in the stack", "mpi": "mpirun (Open MPI) 4.1.4"}
+
+
+@pytest.mark.parametrize("change,line,native,hvd", [
+    ({}, "stack-ok", True, True),
+    ({"tensorflow": "2.15.1"}, "tensorflow: 2.15.1 cannot run: outside 2.16-2.21", False, False),
+    ({"tf_keras": None}, "tf-keras: not installed; installable beside the stack: tf-keras~=2.21.0", False, False),
+    ({"tf_keras": "2.20.1"}, "tf-keras: 2.20.1: cannot run: not TensorFlow 2.21.0's minor", False, False),
+    ({"horovod_built": None, "horovod_error": "ImportError: Extension horovod.tensorflow has not been built"},
+     "horovod: cannot run: horovod.tensorflow does not import (ImportError: Extension horovod.tensorflow has not "
+     "been built)", True, False),
+    ({"horovod_built": {"mpi": False, "gloo": False, "nccl": 0, "cuda": False, "rocm": False}},
+     "horovod controllers: none: cannot run (built without MPI and Gloo)", True, False),
+    ({"horovod_built": {"mpi": True, "gloo": False, "nccl": 21903, "cuda": True, "rocm": False}},
+     "horovod GPU operations: NCCL", True, True),
+    ({"mpi": None}, "mpi: no mpirun on PATH (Horovod runs under horovodrun --gloo or srun --mpi=pmix)", True, True),
+])
+def test_the_stack_doctor_says_what_can_run_in_one_line_each(change, line, native, hvd):
+    from common import doctor
+
+    lines, can_native, can_hvd = doctor.judge_stack({**_STACK, **change})
+    assert (can_native, can_hvd) == (native, hvd)
+    if line == "stack-ok":
+        assert lines[1:5] == ["tensorflow: 2.21.0 (in 2.16-2.21): ok", "tf-keras: 2.21.0 (TensorFlow's minor): ok",
+                              "horovod: 0.28.1 with TensorFlow support, found in the stack: ok",
+                              "horovod controllers: MPI, Gloo"]
+        assert "horovod GPU operations: none (a CPU build)" in lines
+    else:
+        assert any(ln.startswith(line) for ln in lines), lines
+    verdict = f"backends: native {'can' if native else 'cannot'} run, horovod {'can' if hvd else 'cannot'} run"
+    assert lines[-1] == verdict

@@ -13,8 +13,19 @@ import subprocess
 
 import pytest
 
+from common.cluster import container
 from common.core import registry
-from tests.conftest import PY, REPO, REQUIRE_CLUSTERS, SMOKE, base_env, first_divergence, only_result, run
+from tests.conftest import (
+    PY,
+    REPO,
+    REQUIRE_CLUSTERS,
+    SMOKE,
+    base_env,
+    env_with_broken_horovod,
+    first_divergence,
+    only_result,
+    run,
+)
 
 pytestmark = pytest.mark.distributed
 IMAGE_PYTHON = "/opt/stack/bin/python"  # where scripts/stack_image.sh installs the stack, as a centre's image would
@@ -63,3 +74,32 @@ def test_both_backends_inside_the_image_compute_what_they_do_on_the_host(runner,
     stack_line = next((ln for ln in text.splitlines() if "Stack differences" in ln), "")
     assert "container not recorded -> charliecloud 0." in stack_line, text[-3000:]
     assert "container_image not recorded -> manifest-sha256:" in stack_line
+
+
+def test_the_as_is_set_up_installs_beside_the_image_never_into_it_and_the_doctor_passes(image, tmp_path):
+    """TWINBENCH_STACK=as-is inside the image: nothing built, the missing nvidia-ml-py goes into a directory of its
+    own (from a local wheel: no index inside), the image's /opt/stack unchanged, both backends can run."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([PY, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), "nvidia-ml-py==13.615.71"],
+                   check=True, capture_output=True)
+    before = container.manifest_digest(f"{image}/opt/stack")
+    env = {**base_env(), "USER": os.environ.get("USER") or getpass.getuser()}
+    inner = ["env", "TWINBENCH_STACK=as-is", f"PYTHON={IMAGE_PYTHON}", f"TWINBENCH_STACK_DEPS={tmp_path / 'deps'}",
+             "PIP_NO_INDEX=1", f"PIP_FIND_LINKS={wheels}", "bash", "scripts/setup.sh"]
+    proc = run(["ch-run", "-b", f"{REPO}:{REPO}", "-c", str(REPO), image, "--", *inner], env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "stack horovod: 0.28.1 with TensorFlow support, found in the stack: ok" in out
+    assert "stack backends: native can run, horovod can run" in out
+    assert (tmp_path / "deps" / "pynvml.py").exists() or (tmp_path / "deps" / "pynvml").exists()
+    assert container.manifest_digest(f"{image}/opt/stack") == before  # never installed over the stack
+
+
+def test_a_stack_whose_horovod_cannot_import_is_one_line_and_exit_2(tmp_path):
+    env = env_with_broken_horovod(tmp_path, "libmpi.so.40: cannot open shared object file")
+    proc = run([PY, "-m", "common.doctor", "--stack"], env=env, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    bad = [ln for ln in proc.stdout.splitlines() if "cannot run" in ln]
+    assert bad[0] == ("stack horovod: cannot run: horovod.tensorflow does not import (ImportError: libmpi.so.40: "
+                      "cannot open shared object file)")
+    assert bad[-1] == "stack backends: native can run, horovod cannot run"
