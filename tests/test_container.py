@@ -161,3 +161,28 @@ def test_a_bad_container_setting_is_one_line_and_exit_2_before_anything_starts(t
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert _calls(log) == []  # no srun, no runtime started
     assert not (tmp_path / "res").exists()
+
+
+def test_image_identity_is_a_files_sha256_and_a_directorys_manifest(tmp_path):
+    img = tmp_path / "img"
+    (img / "opt" / "stack").mkdir(parents=True)
+    (img / "opt" / "stack" / "python").write_text("#!")
+    (img / "usr-lib").symlink_to("opt")
+    first = container.manifest_digest(img)
+    (img / "work" / "checkout").mkdir(parents=True)  # a mount point for a bind: not part of what the image is
+    assert container.manifest_digest(img) == first and first.startswith(container.MANIFEST_PREFIX)
+    (img / "opt" / "stack" / "python").write_text("#!/bin/sh")  # another size: another image
+    assert container.manifest_digest(img) != first
+    (img / "usr-lib").unlink()
+    (img / "usr-lib").symlink_to("usr")
+    second = container.manifest_digest(img)
+    (img / "usr-lib").unlink()
+    (img / "usr-lib").symlink_to("opt")
+    assert second != container.manifest_digest(img)
+    sif = tmp_path / "x.sif"
+    sif.write_bytes(b"abc")
+    cache = tmp_path / "cache"
+    expected = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # sha256("abc")
+    assert container.file_digest(sif, cache) == expected
+    assert json.loads((cache / "image-ids.json").read_text()) == {
+        f"{sif}|3|{sif.stat().st_mtime_ns}": expected}  # remembered per path, size and mtime

@@ -136,7 +136,7 @@ def parse(environ: dict[str, str] | os._Environ[str] | None = None) -> Container
 
 # -- what ran: the runtime's version and the image's identity, as the launcher sees them ---------------------------
 DEPS_DIR = ".stack-deps"  # in the checkout: what `TWINBENCH_STACK=as-is scripts/setup.sh` installs beside a stack
-MANIFEST_PREFIX = "manifest-sha256:"  # an image directory's identity: its files' names, modes, sizes, link targets
+MANIFEST_PREFIX = "manifest-sha256:"  # an image directory's identity: its files' paths, modes, sizes, link targets
 
 
 def runtime_version(c: Container) -> str:
@@ -153,14 +153,16 @@ def runtime_version(c: Container) -> str:
 
 
 def manifest_digest(root: str | os.PathLike[str]) -> str:
-    """The identity of an image directory (Charliecloud's, an Apptainer sandbox): sha256 over every entry's path,
-    mode, size and link target, in sorted order; no file content (a TensorFlow image holds ~1 GB: this takes about
-    a second), so it tells images apart, not a tampered file of the same size."""
+    """The identity of an image directory (Charliecloud's, an Apptainer sandbox): sha256 over every file's and
+    link's path, mode, size and link target, in sorted order. No file content (a TensorFlow image holds ~1 GB: this
+    takes about a second), so it tells images apart, not a tampered file of the same size; no directory, so the
+    empty mount points a site adds for its binds leave the identity as it was."""
     h = hashlib.sha256()
     base = Path(root)
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames.sort()
-        for name in sorted(dirnames + filenames):
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]  # os.walk lists them as dirs
+        for name in sorted(filenames + links):
             p = Path(dirpath) / name
             st = p.lstat()
             link = os.readlink(p) if stat.S_ISLNK(st.st_mode) else ""
