@@ -25,7 +25,8 @@
 #                          .stack-deps in the checkout), never over it; then `python -m common.doctor --stack` says
 #                          whether both backends can run (exit 2 when not). No Debian packages, no venv.
 #   TWINBENCH_WITH_STACK_IMAGE=1  also build the test image (scripts/stack_image.sh: Debian 12 minbase + TensorFlow +
-#                          the Horovod wheel, cached) that tests/test_stack_image.py runs both backends in
+#                          the Horovod wheel, cached) that tests/test_stack_image.py runs both backends in; the
+#                          default with TWINBENCH_WITH_SLURM=1 (make test), 0 skips it
 # `scripts/setup.sh --horovod-only` builds and installs only Horovod (plus the build marker), into the Python
 # environment already active (`python` on PATH, or $PYTHON), e.g. the cluster's conda environment: no Debian
 # packages, no venv, no requirements. The environment's TensorFlow must be the selected one.
@@ -287,8 +288,14 @@ else
     --sdist-sha256 "$HOROVOD_SDIST_SHA256" --tf-source "$TF_SOURCE" \
     --tf-version "$TF_VERSION" --tf-location "$TF_LOCATION" >/dev/null
 fi
-if [ "${TWINBENCH_WITH_STACK_IMAGE:-0}" = 1 ]; then
-  TWINBENCH_VENV=$VENV bash scripts/stack_image.sh >/dev/null   # cached after the first build (about 2 minutes)
+# The test image (tests/test_stack_image.py, tests/test_slurm_stack.py): with the tests' set-up (TWINBENCH_WITH_SLURM=1,
+# as make test sets it) or when asked; it needs root, as the test Slurm does.
+if [ "${TWINBENCH_WITH_STACK_IMAGE:-${TWINBENCH_WITH_SLURM:-0}}" = 1 ] && [ $HOROVOD_ONLY = 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    TWINBENCH_VENV=$VENV bash scripts/stack_image.sh >/dev/null   # cached after the first build (about 2 minutes)
+  else
+    log "the stack test image needs root (debootstrap, chroot): not built"
+  fi
 fi
 log "ok: $("$VPY" -c 'import tensorflow as tf, tf_keras, horovod
 print("tensorflow", tf.__version__, "tf-keras", tf_keras.__version__, "horovod", horovod.__version__)' 2>/dev/null)," \
