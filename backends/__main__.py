@@ -1,11 +1,13 @@
 """``python -m backends names`` lists the registry; ``python -m backends command NAME N [ARG ...]`` prints, one
 argument per line, the command that starts N local ranks of backend NAME with those arguments (for shell scripts
-such as scripts/demo.sh, which must not spell backend names themselves)."""
+such as scripts/demo.sh, which must not spell backend names themselves). With ``TWINBENCH_CONTAINER`` set, that
+command runs the launcher and all its ranks inside the site's image (common/cluster/container.py)."""
 
 from __future__ import annotations
 
 import sys
 
+from common.cluster import container
 from common.core import registry
 
 
@@ -19,7 +21,13 @@ def main(argv: list[str]) -> int:
         except ValueError as e:
             print(f"backends: error: {e}", file=sys.stderr)
             return 2
-        print("\n".join(module.local_command(int(argv[2]), argv[3:])))
+        try:
+            box = container.parse()
+            line = module.local_command(int(argv[2]), argv[3:], **({"python": box.python} if box else {}))
+            print("\n".join(container.wrap(line, box) if box else line))
+        except container.ContainerError as e:
+            print(f"backends: error: {e}", file=sys.stderr)
+            return 2
         return 0
     print("usage: python -m backends names | command NAME N [ARG ...]", file=sys.stderr)
     return 2

@@ -20,6 +20,7 @@ from typing import Any  # noqa: E402
 from backends import entrypoint  # noqa: E402
 from backends import horovod_knobs as knobs_mod  # noqa: E402
 from common import cli  # noqa: E402
+from common.cluster import container  # noqa: E402
 from common.cluster.placement import configure_threads, pin_one_gpu  # noqa: E402
 from common.core.contract import (  # noqa: E402
     Backend,
@@ -88,7 +89,7 @@ def horovodrun_command(hosts: str, n: int, args: list[str], python: str = sys.ex
     # horovodrun with only local hosts accepts loopback interfaces alone; the ranks' --iface then sets Gloo's
     nic = ["--network-interface", iface] if iface and remote else []
     return [str(Path(python).parent / "horovodrun"), "-np", str(n), "-H", hosts, "--gloo", *nic,
-            python, "-m", PROG, *args]
+            *container.horovodrun_cache_flags(), python, "-m", PROG, *args]
 
 
 def doctor(tf_version: str | None) -> Diagnosis:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from common.cluster import container
 from common.core import registry
 from common.core.errors import fail
 from common.core.results import EVALUATION_META
@@ -360,7 +361,9 @@ def run_one(plan: Plan, key: RunKey, out: Path, timeout: float) -> tuple[dict[st
         overrides.append(f"learning_rate={plan.one_worker_lr!r}")  # what lr_scaling = "linear" gives 2 workers
     sets = [a for s in overrides for a in ("--set", s)]
     args = ["--job", plan.job, "--results", str(out), "--quiet", *sets]
-    cmd = registry.load(key.backend).local_command(key.workers, args, python=sys.executable)
+    box = container.parse()  # checked by main before any run (bad input: exit 2)
+    cmd = registry.load(key.backend).local_command(key.workers, args, python=box.python if box else sys.executable)
+    cmd = container.wrap(cmd, box) if box else cmd
     before = set(out.glob("*.json")) if out.is_dir() else set()
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=timeout)
@@ -392,6 +395,10 @@ def run_all(plan: Plan, root: Path, timeout: float) -> dict[RunKey, dict[str, An
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     plan = make_plan(args)
+    try:
+        container.parse()  # the site's container (TWINBENCH_CONTAINER): every run of the check inside its image
+    except container.ContainerError as e:
+        fail(PROG, str(e))
     root = Path(args.results) if args.results else Path(tempfile.mkdtemp(prefix="twinbench-check-"))
     try:
         records = run_all(plan, root, args.timeout)

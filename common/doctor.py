@@ -1,4 +1,10 @@
-"""``python -m common.doctor``: can each backend run here, and with what? Exit 1 when a backend cannot run."""
+"""``python -m common.doctor``: can each backend run here, and with what? Exit 1 when a backend cannot run.
+
+``python -m common.doctor --stack``: can this stack (a container's or a module's Python, twinbench run from its
+checkout) run both backends as it is, nothing built: one line each for TensorFlow (2.16-2.21), tf-keras (TensorFlow's
+minor, present or installable beside it), Horovod (imports with TensorFlow support; twinbench's build or found), its
+controllers and GPU operations (what ``horovodrun --check-build`` lists), MPI, and the verdict; exit 0 when both
+backends can run, else 2."""
 
 from __future__ import annotations
 
@@ -61,7 +67,95 @@ def check() -> dict[str, Any]:
     return out
 
 
-def main() -> int:
+# -- the stack as it is -------------------------------------------------------------------------------------------
+SUPPORTED_TF = ((2, 16), (2, 21))  # TensorFlow minors twinbench runs on (tf-keras exists, Horovod 0.28.1 builds)
+
+
+def _minor(version: str) -> tuple[int, int] | None:
+    parts = version.split(".")
+    return (int(parts[0]), int(parts[1])) if len(parts) > 1 and parts[0].isdigit() and parts[1].isdigit() else None
+
+
+def stack_facts() -> dict[str, Any]:
+    """What this Python's stack has, read the way the runs read it (imports, Horovod's own build queries)."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    facts: dict[str, Any] = {"python": sys.version.split()[0], "tf_keras": buildinfo._installed("tf-keras")}
+    try:
+        import tensorflow as tf
+
+        facts["tensorflow"] = tf.__version__
+    except Exception as e:  # noqa: BLE001 - any import failure is the fact
+        facts["tensorflow_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    try:
+        import horovod
+        import horovod.tensorflow as hvd
+
+        facts["horovod"] = horovod.__version__
+        # horovod.common.basics: mpi_built/gloo_built True or False, nccl_built NCCL's version code (0: none)
+        facts["horovod_built"] = {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()),
+                                  "nccl": int(hvd.nccl_built()), "cuda": bool(hvd.cuda_built()),
+                                  "rocm": bool(hvd.rocm_built())}
+        facts["horovod_build"] = "twinbench's build" if buildinfo.read_marker() else "found in the stack"
+    except Exception as e:  # noqa: BLE001 - any import failure is the fact
+        facts["horovod_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    mpirun = shutil.which("mpirun")
+    if mpirun:
+        try:
+            v = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20).stdout
+            facts["mpi"] = (v.strip().splitlines() or ["?"])[0]
+        except (OSError, subprocess.TimeoutExpired):
+            facts["mpi"] = "?"
+    return facts
+
+
+def judge_stack(f: dict[str, Any]) -> tuple[list[str], bool, bool]:
+    """One line per fact, and whether the native and the Horovod backend can run on this stack as it is."""
+    lo, hi = (".".join(map(str, v)) for v in SUPPORTED_TF)
+    tf, lines = f.get("tensorflow"), [f"python: {f.get('python', '?')}"]
+    tf_ok = tf is not None and (_minor(tf) or (0, 0)) >= SUPPORTED_TF[0] and (_minor(tf) or (99, 0)) <= SUPPORTED_TF[1]
+    if tf is None:
+        lines.append(f"tensorflow: cannot run: TensorFlow does not import ({f.get('tensorflow_error', '?')})")
+    else:
+        lines.append(f"tensorflow: {tf} " + ("(in 2.16-2.21): ok" if tf_ok else f"cannot run: outside {lo}-{hi}"))
+    tfk, keras_ok = f.get("tf_keras"), tf_ok
+    if tf_ok and tfk is None:
+        lines.append(f"tf-keras: not installed; installable beside the stack: tf-keras~={tf.rsplit('.', 1)[0]}.0 "
+                     "(TWINBENCH_STACK=as-is bash scripts/setup.sh)")
+        keras_ok = False
+    elif tf_ok and _minor(tfk) != _minor(tf):
+        lines.append(f"tf-keras: {tfk}: cannot run: not TensorFlow {tf}'s minor (tf-keras X.Y belongs to TF X.Y)")
+        keras_ok = False
+    elif tf_ok:
+        lines.append(f"tf-keras: {tfk} (TensorFlow's minor): ok")
+    built = f.get("horovod_built")
+    if built is None:
+        lines.append(f"horovod: cannot run: horovod.tensorflow does not import ({f.get('horovod_error', '?')})")
+    else:
+        lines.append(f"horovod: {f['horovod']} with TensorFlow support, {f.get('horovod_build', '?')}: ok")
+        ctl = [n for n in ("mpi", "gloo") if built[n]]
+        lines.append("horovod controllers: " + (", ".join(c.upper() if c == "mpi" else c.title() for c in ctl)
+                                                if ctl else "none: cannot run (built without MPI and Gloo)"))
+        gpu = "NCCL" if built["nccl"] else ("MPI" if built["cuda"] or built["rocm"] else "none (a CPU build)")
+        lines.append(f"horovod GPU operations: {gpu}")
+    lines.append(f"mpi: {f['mpi']}" if f.get("mpi") else
+                 "mpi: no mpirun on PATH (Horovod runs under horovodrun --gloo or srun --mpi=pmix)")
+    native = tf_ok and keras_ok
+    hvd = native and built is not None and bool(built["mpi"] or built["gloo"])
+    lines.append(f"backends: native {'can run' if native else 'cannot run'}, horovod "
+                 f"{'can run' if hvd else 'cannot run'}")
+    return lines, native, hvd
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--stack"]:
+        lines, native, hvd = judge_stack(stack_facts())
+        print("\n".join(f"stack {line}" for line in lines))
+        return 0 if native and hvd else 2
+    if argv:
+        print("usage: python -m common.doctor [--stack]", file=sys.stderr)
+        return 2
     info = check()
     width = 20
     for k, v in info.items():

@@ -1,4 +1,5 @@
-"""How a set-up backend's run ends: exit 0 when done, 75 after a preemption checkpoint, 3 naming a lost peer.
+"""How a set-up backend's run ends: exit 0 when done, 75 after a preemption checkpoint, 3 naming a lost peer, 1 naming
+the exception of a rank that failed (its traceback first, then one line with its rank).
 
 The entry points (``backends/*.py``) parse, prepare and set up; this module runs the job (or the microbenchmark, or
 the ``--diagnose breakdown`` run) and turns its outcome into the exit statuses docs/reliability.md documents.
@@ -7,12 +8,24 @@ the ``--diagnose breakdown`` run) and turns its outcome into the exit statuses d
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import NoReturn
 
 from common.core.contract import Backend
-from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLost, Preempted, UsageError, exit_now, fail
+from common.core.errors import (
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
+    PeerLost,
+    Preempted,
+    UsageError,
+    exit_now,
+    fail,
+    one_line,
+)
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
+
+EXIT_FAILED = 1  # what an uncaught exception gives a Python process: launchers and sbatch scripts read it as failed
 
 
 def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> NoReturn:
@@ -45,6 +58,10 @@ def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> NoRe
         print(f"[twinbench] error: lost {e.who}: it no longer answers; rank {backend.rank} stops ({e.detail})",
               file=sys.stderr, flush=True)
         exit_now(EXIT_PEER_LOST)
+    except Exception as e:  # noqa: BLE001 - any other failure is this rank's own: said as such, never as a lost peer
+        traceback.print_exc()
+        print(f"[twinbench] error: rank {backend.rank} failed: {one_line(e)}", file=sys.stderr, flush=True)
+        exit_now(EXIT_FAILED)  # no teardown: TF/Horovod threads may wait in a collective the peers left
     backend.exit_barrier()
     backend.shutdown()
     exit_now(0)

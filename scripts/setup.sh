@@ -18,6 +18,15 @@
 #                          and chromium (headless: tests/test_report_stats.py renders report.html)
 #   HOROVOD_GPU_OPERATIONS=NCCL (or any HOROVOD_GPU_* build variable): a GPU build; with TF 2.21 it also applies
 #                          scripts/patches/horovod-0.28.1-tf2.21-gpu.patch (not compiled on the development machine)
+#   TWINBENCH_STACK=as-is  use the TensorFlow + Horovod a container or a module already provides, nothing built or
+#                          upgraded: $PYTHON (default python3) runs twinbench from this checkout (PYTHONPATH); the
+#                          pure-Python packages it needs and the stack lacks (tf-keras of TensorFlow's minor,
+#                          nvidia-ml-py) go beside it with pip --target into $TWINBENCH_STACK_DEPS (default
+#                          .stack-deps in the checkout), never over it; then `python -m common.doctor --stack` says
+#                          whether both backends can run (exit 2 when not). No Debian packages, no venv.
+#   TWINBENCH_WITH_STACK_IMAGE=1  also build the test image (scripts/stack_image.sh: Debian 12 minbase + TensorFlow +
+#                          the Horovod wheel, cached) that tests/test_stack_image.py runs both backends in; the
+#                          default with TWINBENCH_WITH_SLURM=1 (make test), 0 skips it
 # `scripts/setup.sh --horovod-only` builds and installs only Horovod (plus the build marker), into the Python
 # environment already active (`python` on PATH, or $PYTHON), e.g. the cluster's conda environment: no Debian
 # packages, no venv, no requirements. The environment's TensorFlow must be the selected one.
@@ -67,6 +76,38 @@ if [ "$TB_TF" != site ] && [ $gpu_build = 1 ] && [ ${#PATCHES[@]} -gt 0 ]; then
 fi
 
 log() { printf '[setup] %s\n' "$*"; }
+
+case "${TWINBENCH_STACK:-}" in
+  ""|build) ;;
+  as-is)
+    # The stack as it is: nothing compiled, nothing upgraded, nothing installed over it.
+    PY=${PYTHON:-python3}
+    command -v "$PY" >/dev/null 2>&1 || { log "TWINBENCH_STACK=as-is: no $PY on PATH (load the module, or set PYTHON)"; exit 2; }
+    DEPS=${TWINBENCH_STACK_DEPS:-$PWD/.stack-deps}
+    tf=$(TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null) \
+      || { log "TWINBENCH_STACK=as-is: $PY has no importable TensorFlow"; exit 2; }
+    tf_minor=$(echo "$tf" | cut -d. -f1,2)
+    need=(); optional=()   # tf-keras (and tomli on 3.10) are required; nvidia-ml-py only names the GPUs
+    has() { PYTHONPATH="$DEPS${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c "import $1" >/dev/null 2>&1; }
+    has tf_keras || need+=("tf-keras~=$tf_minor.0")
+    "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || has tomli \
+      || need+=("$(sed -n 's/^\(tomli==[0-9.]*\).*/\1/p' requirements.txt)")
+    has pynvml || optional+=("$(sed -n 's/^\(nvidia-ml-py==[0-9.]*\).*/\1/p' requirements.txt)")
+    for req in ${need[@]+"${need[@]}"} ${optional[@]+"${optional[@]}"}; do
+      log "TWINBENCH_STACK=as-is: installing $req beside the stack, into $DEPS"
+      if ! "$PY" -m pip install -q --no-deps --target "$DEPS" "$req"; then
+        case " ${need[*]:-} " in
+          *" $req "*) log "pip could not install $req into $DEPS (no pip or no index in the stack?): install it there yourself"; exit 2 ;;
+          *) log "skipped $req (pip could not install it): records will not name the GPU model and driver" ;;
+        esac
+      fi
+    done
+    status=0
+    PYTHONPATH="$PWD:$DEPS${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=3 "$PY" -m common.doctor --stack || status=$?
+    log "run twinbench on this stack with: export PYTHONPATH=$PWD:$DEPS TF_USE_LEGACY_KERAS=1"
+    exit $status ;;
+  *) log "TWINBENCH_STACK must be as-is (use the stack that is there) or build (the default), not '${TWINBENCH_STACK}'"; exit 2 ;;
+esac
 
 if [ "$TB_TF" = site ]; then
   # The TensorFlow this Python imports decides the version, the tf-keras and the patches (one line and exit 2 when
@@ -186,7 +227,17 @@ if [ ${#patch_ids[@]} -gt 0 ]; then build_id+="-p$(IFS=-; echo "${patch_ids[*]}"
 if [ $gpu_build = 1 ]; then build_id+="-gpu"; fi
 wheeldir="$CACHE/$build_id"
 
-if "$VPY" -m common.core.buildinfo check "$build_id" >/dev/null 2>&1 && "$VPY" -c "import horovod.tensorflow" >/dev/null 2>&1
+foreign_hvd=""
+if { [ $HOROVOD_ONLY = 1 ] || [ "$TB_TF" = site ]; } && [ "${TWINBENCH_REBUILD_HOROVOD:-0}" != 1 ] \
+   && ! "$VPY" -m common.core.buildinfo check "$build_id" >/dev/null 2>&1; then
+  # A Horovod the environment already has (a site module's, a container's) and that works is never replaced.
+  foreign_hvd=$("$VPY" -c 'import horovod, horovod.tensorflow as h
+print(horovod.__version__) if (h.gloo_built() or h.mpi_built()) else None' 2>/dev/null | grep -v '^None$' || true)
+fi
+if [ -n "$foreign_hvd" ]; then
+  log "horovod $foreign_hvd is already there and works (not built by twinbench): kept, nothing built" \
+      "(TWINBENCH_REBUILD_HOROVOD=1 replaces it)"
+elif "$VPY" -m common.core.buildinfo check "$build_id" >/dev/null 2>&1 && "$VPY" -c "import horovod.tensorflow" >/dev/null 2>&1
 then
   log "horovod $HOROVOD_VERSION already built as $build_id"
 else
@@ -236,6 +287,15 @@ else
   env "${BUILD_ENV[@]}" "$VPY" -m common.core.buildinfo write --build-id "$build_id" "${patch_args[@]}" --wheel "$whl" \
     --sdist-sha256 "$HOROVOD_SDIST_SHA256" --tf-source "$TF_SOURCE" \
     --tf-version "$TF_VERSION" --tf-location "$TF_LOCATION" >/dev/null
+fi
+# The test image (tests/test_stack_image.py, tests/test_slurm_stack.py): with the tests' set-up (TWINBENCH_WITH_SLURM=1,
+# as make test sets it) or when asked; it needs root, as the test Slurm does.
+if [ "${TWINBENCH_WITH_STACK_IMAGE:-${TWINBENCH_WITH_SLURM:-0}}" = 1 ] && [ $HOROVOD_ONLY = 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    TWINBENCH_VENV=$VENV bash scripts/stack_image.sh >/dev/null   # cached after the first build (about 2 minutes)
+  else
+    log "the stack test image needs root (debootstrap, chroot): not built"
+  fi
 fi
 log "ok: $("$VPY" -c 'import tensorflow as tf, tf_keras, horovod
 print("tensorflow", tf.__version__, "tf-keras", tf_keras.__version__, "horovod", horovod.__version__)' 2>/dev/null)," \

@@ -106,6 +106,54 @@ def horovod_patch_description() -> str:
     return ", ".join(f"{p.get('file')} (sha256 {str(p.get('sha256', ''))[:12]})" for p in patches)
 
 
+# -- which stack runs: the container it runs in, and whether its Horovod is twinbench's build ----------------------
+# Set by twinbench's container launch (common/cluster/container.py): "RUNTIME VERSION", the image, its identity
+STACK_ENV = ("TWINBENCH_STACK_RUNTIME", "TWINBENCH_STACK_IMAGE", "TWINBENCH_STACK_IMAGE_ID")
+# What the runtimes themselves set inside (when the container was started by hand): Apptainer and Singularity the
+# image's path, Charliecloud's ch-run CH_RUNNING ("Weird Al Yankovic"); podman writes /run/.containerenv
+RUNTIME_VARS = (("APPTAINER_CONTAINER", "apptainer"), ("SINGULARITY_CONTAINER", "singularity"),
+                ("CH_RUNNING", "charliecloud"))
+PODMAN_ENV_FILE = "/run/.containerenv"
+
+
+def _podman_image(path: str) -> str | None:
+    """``image="..."`` of podman's /run/.containerenv (empty unless the container is privileged: then unknown)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    m = re.search(r'^image(?:id)?="([^"]+)"', text, re.MULTILINE)
+    return m.group(1) if m else "unknown"
+
+
+def stack_versions(environ: Any = None, podman_file: str = PODMAN_ENV_FILE) -> dict[str, str]:
+    """For ``versions()``: ``container`` (runtime and version, as the launcher asked it) and ``container_image``
+    (the image's identity: a SIF's sha256, an image directory's manifest digest, a registry reference) when this
+    process runs in a container; ``horovod_build`` ("twinbench": the set-up's marker describes the installed
+    Horovod; "found": a Horovod the stack brought) when Horovod is imported (Keras 3's version is recorded when it
+    trains the model: common/training/keras3.py; NCCL, MPI and CUDA as the process loaded them: the machine
+    block's libraries). Without twinbench's launch, a runtime's own variables say which runtime, and its image's
+    path."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    runtime, image, image_id = (environ.get(k) or "" for k in STACK_ENV)
+    if not runtime:
+        found = [(name, environ.get(var) or "") for var, name in RUNTIME_VARS if environ.get(var)]
+        podman = _podman_image(podman_file) if not found else None
+        if podman is not None:
+            found = [("podman", podman)]
+        if found:
+            runtime = f"{found[0][0]} (version not recorded: started by hand)"
+            image_id = found[0][1] if found[0][0] != "charliecloud" else "unknown (ch-run does not say)"
+    if runtime:
+        out["container"] = runtime
+        out["container_image"] = " ".join(dict.fromkeys(x for x in (image_id, f"({image})" if image else "") if x)) \
+            or "unknown"
+    if "horovod" in sys.modules:
+        out["horovod_build"] = "twinbench" if read_marker() is not None else "found"
+    return out
+
+
 _MARKER = re.compile(r"""^python_version\s*(<=|<|>=|>|==|!=)\s*["'](\d+)\.(\d+)["']$""")
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
             "!=": operator.ne}

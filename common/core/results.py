@@ -75,7 +75,9 @@ class RunRecord:
     per_rank_sync_marks: list[list[list[float]]] | None = None  # per rank: [steps done in the run, s] at each sync
     time_to_first_step: float  # seconds from process start, the slowest rank's
     resumed_from_step: int = 0  # > 0: times and throughput cover only the steps after the resume
-    versions: dict[str, str] | None = None  # versions(): python, tensorflow, tf_keras, horovod(_patch), numpy
+    # versions(): python, tensorflow, tf_keras, horovod(_patch), numpy; the stack: container, container_image,
+    # horovod_build (twinbench or found); keras when Keras 3 trained the model
+    versions: dict[str, str] | None = None
     hosts: list[str] | None = None  # one per rank
     devices: list[str] | None = None  # one per rank
     command: list[str] | None = None
@@ -293,15 +295,16 @@ def throughput_stats(per_rank_marks: list[list[list[float]]], global_batch: int,
 
 
 def versions() -> dict[str, str]:
+    from common.core import buildinfo
+
     out = {"python": sys.version.split()[0]}
     for mod in ("tensorflow", "tf_keras", "horovod", "numpy"):
         m = sys.modules.get(mod)
         if m is not None and hasattr(m, "__version__"):
             out[mod] = str(m.__version__)
     if "horovod" in out:  # the patches scripts/setup.sh applied to its sdist (short sha256s), "none" or "unknown"
-        from common.core import buildinfo
-
         out["horovod_patch"] = buildinfo.horovod_patch()
+    out.update(buildinfo.stack_versions())  # container, container_image, horovod_build
     return out
 
 

@@ -16,8 +16,10 @@ No TensorFlow import at module level: ``common.cli`` uses the parsers before Ten
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,14 +242,25 @@ def write_tensorboard(results_dir: str, rec: Mapping[str, Any]) -> Path:
     return path
 
 
+def tensorboard_installed() -> bool:
+    """TensorFlow 2.21 no longer depends on TensorBoard, and ``tf.summary.scalar`` raises ``TBNotInstalledError``
+    without it (tensorflow/python/summary/tb_summary.py): a stack may well lack it."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 def finish(rec: Any, results_dir: str | None, trace: Trace | None) -> Any:
-    """The chief's record with its artifacts (and, when traced, the traces' run id); writes the TensorBoard logs."""
+    """The chief's record with its artifacts (and, when traced, the traces' run id); writes the TensorBoard logs,
+    or says in one line that it skips them when TensorBoard is not installed (the record holds the same figures)."""
     if not results_dir:
         return rec
     if trace is not None:
         rec = dataclasses.replace(rec, run_id=trace.run_id)  # one id names the JSON, the traces and the logs
     artifacts = dict(rec.artifacts or {})
-    artifacts["tensorboard"] = os.path.relpath(write_tensorboard(results_dir, rec.to_dict()), results_dir)
+    if tensorboard_installed():
+        artifacts["tensorboard"] = os.path.relpath(write_tensorboard(results_dir, rec.to_dict()), results_dir)
+    else:
+        print("[twinbench] TensorBoard is not installed: no TensorBoard logs for this run (the results JSON has the "
+              "same figures; pip install tensorboard to get them)", file=sys.stderr, flush=True)
     if trace is not None:
         artifacts.update(trace.artifacts(results_dir, rec.num_workers))
     return dataclasses.replace(rec, artifacts=artifacts)

@@ -87,7 +87,11 @@ class Watchdog:
     def lost_peers(self, grace: float = 0.0) -> list[dict[str, Any]]:
         """The peers that do not answer (twice, a second apart), probing every half second for up to ``grace``
         seconds until one stops: a peer killed a moment ago may still hold its port open while it exits (its
-        threads ending one by one on a busy machine), after the failed collective already saw its connection go."""
+        threads ending one by one on a busy machine), after the failed collective already saw its connection go.
+        None once the watchdog is stopped: past the last collective, peers exit when they are done, and a failure
+        then (writing the record, the TensorBoard logs) is this rank's own."""
+        if self._stop.is_set():
+            return []
         deadline = time.monotonic() + grace
         while True:
             gone = [p for p in self.peers if not self._probe(p)]
@@ -122,6 +126,27 @@ class Watchdog:
                            f"no progress for {self.stall_timeout:.0f} s after {self.what} (a hung collective?); "
                            f"stopping rank {self.rank}")
                 return
+
+
+COLLECTIVE_MODULES = ("tensorflow", "horovod", "grpc")  # where the errors of a failed collective are defined
+
+
+def from_collective(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it was raised from) may be a collective failing because a peer went away: a
+    TensorFlow op error (``tf.errors.OpError``: what MWMS's and Horovod's ops raise), an exception class of
+    TensorFlow, Horovod or gRPC, or a broken connection. A Python error of the job's own code (``ValueError``, an
+    ``ImportError``, TensorBoard missing) is not one: it is reported as itself even if a peer died of it too."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        module = type(cur).__module__ or ""
+        if module.split(".")[0] in COLLECTIVE_MODULES and type(cur).__name__ != "TBNotInstalledError":
+            return True
+        if isinstance(cur, ConnectionError | EOFError | TimeoutError):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def _hard_exit(code: int, message: str) -> None:

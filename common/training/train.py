@@ -109,7 +109,7 @@ def peer_loss_as_error(watchdog: rel.Watchdog | None) -> Iterator[None]:
         raise
     except Exception as e:
         # a failed collective is the first sign of a dead peer: give its port PEER_LOSS_GRACE s to close
-        lost = watchdog.lost_peers(PEER_LOSS_GRACE) if watchdog is not None else []
+        lost = watchdog.lost_peers(PEER_LOSS_GRACE) if watchdog is not None and rel.from_collective(e) else []
         if not lost:
             raise
         watchdog.stop()

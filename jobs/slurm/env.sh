@@ -42,7 +42,19 @@ elif [ -x "$TWINBENCH_REPO/.venv/bin/python" ]; then
   export PATH=$VIRTUAL_ENV/bin:$PATH
 fi
 set -u
-command -v python >/dev/null 2>&1 || tb_die "no python on PATH (set TWINBENCH_CONDA_ENV or run make setup)"
+# The site's container (TWINBENCH_CONTAINER=RUNTIME:IMAGE, TWINBENCH_CONTAINER_BINDS, TWINBENCH_CONTAINER_PYTHON;
+# docs/cluster.md#containers): every task of both backends runs in the image, one container per task started by
+# srun outside it (the runtimes' hybrid model). TB_CT_SRUN holds pyxis' srun options, TB_CT_PREFIX the other
+# runtimes' words before the command, TB_PY the image's Python (common/cluster/container.py).
+if [ -n "${TWINBENCH_CONTAINER:-}" ]; then
+  command -v python3 >/dev/null 2>&1 || tb_die "TWINBENCH_CONTAINER needs python3 on the host to build its lines"
+  tb_ct=$(python3 -m common.cluster.container shell) || exit 2
+  eval "$tb_ct"
+  tb_log "container: $TB_CT_TEXT"
+else
+  command -v python >/dev/null 2>&1 || tb_die "no python on PATH (set TWINBENCH_CONDA_ENV or run make setup)"
+  TB_CT_SRUN=(); TB_CT_PREFIX=(); TB_PY=python
+fi
 
 # -- process environment -------------------------------------------------------------------------------
 # gRPC (MWMS) and Gloo rendezvous must not go through a site HTTP proxy (the backends drop these too).
