@@ -125,3 +125,33 @@ def test_backends_fed_differently_are_named() -> None:
     assert note("per-worker") == []
     (line,) = note("distributed")
     assert "native: distributed" in line and "horovod: per-worker" in line
+
+
+# --------------------------------------------------------------------------------------------------------
+# another container image is another stack: rows of its own, never a mix, never pooled
+IMAGE = "manifest-sha256:0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9"
+
+
+def test_two_stacks_get_rows_of_their_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "stacks"
+    for backend, ips in (("native", 100.0), ("horovod", 104.0)):
+        put(d, make_run(backend, 1, ips))  # the host's stack: python 3.11.9
+        put(d, make_run(backend, 1, ips / 2, run_id=f"{backend}-image",
+                        versions={"python": "3.11.2", "tensorflow": "2.18.1", "container": "charliecloud 0.31",
+                                  "container_image": IMAGE}))
+    out = tmp_path / "out"
+    assert main([str(d), "--out", str(out), "--no-plots", "-q"]) == 0, capsys.readouterr().err  # not a mix
+    md = (out / "report.md").read_text()
+    for backend in ("native", "horovod"):
+        rows = [ln.split(" | ") for ln in md.splitlines() if ln.startswith(f"| {backend} [")]
+        assert sorted(r[0] for r in rows) == [f"| {backend} [host stack]", f"| {backend} [image 0a1b2c3d]"]
+        assert [r[4] for r in rows] == ["1", "1"]  # one run per row: the two stacks are never pooled
+    # horovod/native within each stack, never across them
+    ratios = [ln for ln in md.splitlines() if ln.startswith("| 1 | 1x1 |")]
+    assert sorted((r.split(" | ")[2], r.split(" | ")[-1]) for r in ratios) == [("100.0", "host stack |"),
+                                                                               ("50.0", "image 0a1b2c3d |")]
+    summary = summarize(load_runs(d))[0]
+    assert summary.version_mix == []
+    # inside one stack, a mix is still one
+    put(d, make_run("horovod", 1, 99.0, run_id="other-python", versions={"python": "3.11.7", "tensorflow": "2.18.1"}))
+    assert summarize(load_runs(d))[0].version_mix == ["python 3.11.7 vs 3.11.9"]

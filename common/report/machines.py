@@ -81,9 +81,35 @@ def _models(models: Sequence[str], none: str) -> str:
     return " + ".join(short_model(m) for m in models) if models else none
 
 
+HOST_STACK = "host"  # the stack of a run that recorded no container image: what the node itself had
+
+
+def stack_of(run: RunRecord) -> str:
+    """The software stack a run ran on, as its record names it: the container image's identity, else HOST_STACK."""
+    image = run.versions.get("container_image") if isinstance(run.versions, Mapping) else None
+    return str(image) if image else HOST_STACK
+
+
+def stack_label(stack: str) -> str:
+    """A stack in a row label: "host", or "image " and the image's digest cut to 8 hex digits, or its reference."""
+    if stack == HOST_STACK:
+        return "host stack"
+    digest = re.search(r"sha256:([0-9a-f]{8})", stack)
+    return f"image {digest.group(1)}" if digest else f"image {stack}"
+
+
 def hardware_labels(runs: Sequence[RunRecord]) -> list[str]:
-    """Per run, the hardware part of its row label: "" when all the job's runs share one hardware; else what
-    differs, the GPU model(s) ("no GPU") and/or the CPU model(s), and NOT_RECORDED for older records."""
+    """Per run, the machine part of its row label: "" when all the job's runs share one hardware and one stack; else
+    what differs, the GPU model(s) ("no GPU") and/or the CPU model(s) (NOT_RECORDED for older records), and the
+    stack (another container image is another stack: its runs are never pooled with the host's or another image's)."""
+    stacks = [stack_of(r) for r in runs]
+    hardware = _hardware_labels(runs)
+    if len(set(stacks)) <= 1:
+        return hardware
+    return [", ".join(filter(None, [hw, stack_label(st)])) for hw, st in zip(hardware, stacks)]
+
+
+def _hardware_labels(runs: Sequence[RunRecord]) -> list[str]:
     hws = [hardware_of(r) for r in runs]
     if len(set(hws)) <= 1:
         return [""] * len(runs)

@@ -13,7 +13,7 @@ from typing import Any
 from common.core.results import RunRecord
 from common.report.base import NA, NO_INTERVAL
 from common.report.load import version_mix, versions_by_key
-from common.report.machines import MachineKey, machine_keys, nodes_text
+from common.report.machines import MachineKey, machine_keys, nodes_text, stack_of
 from common.report.rows import (
     RATIO_DEN,
     RATIO_NUM,
@@ -238,7 +238,16 @@ def _summarize_job(job_hash: str, runs: list[LoadedRun]) -> JobSummary:
         notes.append(f"step p50 / p95 are per-window: the host read the device every {' or '.join(map(str, windows))}"
                      " steps (job key sync_every_steps), so each value is the mean step time of such a window; "
                      "sync_every_steps = 1 gives per-step times at the price of a host sync per step")
-    return JobSummary(job_hash, name, job, rows, ratios, notes, runs, version_mix(recs))
+    return JobSummary(job_hash, name, job, rows, ratios, notes, runs, _version_mix_per_stack(recs))
+
+
+def _version_mix_per_stack(recs: Sequence[RunRecord]) -> list[str]:
+    """A mix of versions inside one stack (one container image, or the host): runs of two images are two stacks,
+    kept in rows of their own, so their versions may differ without being a mix."""
+    stacks: dict[str, list[RunRecord]] = {}
+    for r in recs:
+        stacks.setdefault(stack_of(r), []).append(r)
+    return list(dict.fromkeys(m for group in stacks.values() for m in version_mix(group)))
 
 
 def summarize(runs: Iterable[LoadedRun | RunRecord | Mapping[str, Any]]) -> list[JobSummary]:
