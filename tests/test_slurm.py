@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from common.report import load_runs
+from tests.aids.refusals import batch
 from tests.aids.signal_aid import ENV
 from tests.conftest import BIN, JOB_TIMEOUT, PY, REPO, SMOKE, base_env, first_divergence, only_result, run
 
@@ -412,7 +413,7 @@ def test_sweep_dry_run_plans_identical_resources(tmp_path):
     assert f"{out}/native-n8" in lines[6]
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_SWEEPS = [
     (["submit", "--job", "jobs/nope.toml", "--results", "R"], "not found"),
     (["submit", "--job", SMOKE, "--results", "R", "--sizes", "1,two"], "not an integer"),
     (["submit", "--job", SMOKE, "--results", "R", "--sizes", "6"], "does not fill whole nodes"),
@@ -422,13 +423,31 @@ def test_sweep_dry_run_plans_identical_resources(tmp_path):
     (["submit", "--job", SMOKE, "--results", "R", "--hvd-launch", "ssh"], "invalid choice"),
     (["status", "/nonexistent-twinbench"], "not a directory"),
     (["frobnicate"], "invalid choice"),
-])
-def test_sweep_bad_input_is_one_line_exit_2(args, message, tmp_path):
-    args = [str(tmp_path / "R") if a == "R" else a for a in args]
-    proc = _sweep(*args)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
-    assert not (tmp_path / "R").exists()
+]
+
+
+@pytest.fixture(scope="module")
+def refused_sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+    """Every bad sweep command above, all in one process (tests/aids/refusals.py: each is ``python -m common.sweep``'s
+    ``__main__`` with its own arguments, checked for TensorFlow after it exits): arguments -> outcome, and the
+    results directory it named ("R")."""
+    keys, cases, dirs = [], [], []
+    for args, _ in BAD_SWEEPS:
+        results = tmp_path_factory.mktemp("bad-sweep") / "R"
+        keys.append(" ".join(args))
+        cases.append({"module": "common.sweep", "argv": [str(results) if a == "R" else a for a in args],
+                      "env": base_env()})
+        dirs.append(results)
+    got = batch(cases, base_env())
+    return {k: (g, d) for k, g, d in zip(keys, got, dirs, strict=True)}
+
+
+@pytest.mark.parametrize("args, message", BAD_SWEEPS)
+def test_sweep_bad_input_is_one_line_exit_2(args, message, refused_sweeps):
+    got, results = refused_sweeps[" ".join(args)]
+    assert got["rc"] == 2, got["stdout"] + got["stderr"]
+    assert len(got["stderr"].strip().splitlines()) == 1 and message in got["stderr"], got["stderr"]
+    assert not got["tensorflow"] and not results.exists()
 
 
 def test_sweep_status_without_manifest_and_without_tensorflow(tmp_path):
