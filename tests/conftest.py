@@ -35,6 +35,8 @@ OWN_WORKER_FILES = CLUSTER_FILES | {"test_demo.py", "test_usercode_parity.py", "
                                     "test_netif.py", "test_observe.py", "test_usercode.py", "test_inputfn.py",
                                     "test_multioutput.py"}
 REQUIRE_CLUSTERS = "TWINBENCH_REQUIRE_CLUSTERS"  # "1" (make test): a cluster that cannot start fails, never skips
+# the session fixture ``emu``, the emulated 2-node cluster, one per suite (a plugin: that module imports this one)
+pytest_plugins = ["tests.cluster.emulated"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
@@ -301,15 +303,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     finally:
         keep = ["--keep"] if os.environ.get("TWINBENCH_KEEP_SLURM") == "1" else []
         subprocess.run(["bash", str(SLURM_DIR / "stop_cluster.sh"), *keep, str(directory)], timeout=120)
-
-
-@pytest.fixture(scope="session")
-def emu(tmp_path_factory: pytest.TempPathFactory):
-    """The emulated 2-node cluster of tests/test_cluster.py and tests/test_cluster_runs.py, one per suite
-    (tests/cluster/emulated.py). Tests that change it (shape, cpus, cut) undo it; a run cache key names its file."""
-    from tests.cluster.emulated import session_cluster
-
-    yield from session_cluster(tmp_path_factory)
 
 
 @pytest.fixture

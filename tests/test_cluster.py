@@ -2,7 +2,7 @@
 machine, each with its own host name, address, slurmd and sshd (twinbench across it: tests/test_cluster_runs.py).
 
 One 2-node cluster (2 CPUs and 2 fake GPUs per node) serves the whole suite (the session fixture ``emu``,
-tests/conftest.py; the tests that change it undo the change); the tests that stop or break a cluster start their
+tests/cluster/emulated.py; the tests that change it undo the change); the tests that stop or break a cluster start their
 own (helpers in tests/cluster/emulated.py). Root and Linux namespaces are needed (else skipped with the reason); the
 packages come with ``TWINBENCH_WITH_SLURM=1 make setup``, and their absence is a failure, not a skip.
 """

@@ -4,7 +4,7 @@ horovodrun --gloo over ssh from a node and by mpirun inside an allocation, and b
 2-node preset. Every run records its ranks' hosts, local size 2 and cross size 2, and all of them compute the same
 per-step losses. The runs given ``--iface tb0`` (every node's data interface) record that interface's addresses.
 
-One cluster per suite (the session fixture ``emu``, tests/conftest.py); each run once per session (TensorFlow
+One cluster per suite (the session fixture ``emu``, tests/cluster/emulated.py); each run once per session (TensorFlow
 processes are slow to start on 2 cores).
 """
 

@@ -422,43 +422,29 @@ BAD_SWEEPS = [
     (["submit", "--job", SMOKE, "--results", "R", "--gres-per-node", "-1"], "--gres-per-node"),
     (["submit", "--job", SMOKE, "--results", "R", "--hvd-launch", "ssh"], "invalid choice"),
     (["status", "/nonexistent-twinbench"], "not a directory"),
+    (["status", "E"], "no sweep here"),
     (["frobnicate"], "invalid choice"),
 ]
 
 
 @pytest.fixture(scope="module")
 def refused_sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
-    """Every bad sweep command above, all in one process (tests/aids/refusals.py: each is ``python -m common.sweep``'s
-    ``__main__`` with its own arguments, checked for TensorFlow after it exits): arguments -> outcome, and the
-    results directory it named ("R")."""
-    keys, cases, dirs = [], [], []
-    for args, _ in BAD_SWEEPS:
-        results = tmp_path_factory.mktemp("bad-sweep") / "R"
-        keys.append(" ".join(args))
-        cases.append({"module": "common.sweep", "argv": [str(results) if a == "R" else a for a in args],
-                      "env": base_env()})
-        dirs.append(results)
-    got = batch(cases, base_env())
-    return {k: (g, d) for k, g, d in zip(keys, got, dirs, strict=True)}
+    """The bad sweeps above ("R": a new path, "E": an empty directory) in one process, checked for TensorFlow after
+    each (tests/aids/refusals.py; the sweep's CLI runs on login nodes): arguments -> (outcome, the "R" path)."""
+    dirs = [tmp_path_factory.mktemp("bad-sweep") for _ in BAD_SWEEPS]
+    got = batch([{"module": "common.sweep", "argv": [{"R": str(d / "R"), "E": str(d)}.get(a, a) for a in args]}
+                 for (args, _), d in zip(BAD_SWEEPS, dirs, strict=True)], base_env())
+    return {" ".join(args): (g, d / "R") for (args, _), g, d in zip(BAD_SWEEPS, got, dirs, strict=True)}
 
 
 @pytest.mark.parametrize("args, message", BAD_SWEEPS)
 def test_sweep_bad_input_is_one_line_exit_2(args, message, refused_sweeps):
     got, results = refused_sweeps[" ".join(args)]
-    assert got["rc"] == 2, got["stdout"] + got["stderr"]
-    assert len(got["stderr"].strip().splitlines()) == 1 and message in got["stderr"], got["stderr"]
-    assert not got["tensorflow"] and not results.exists()
-
-
-def test_sweep_status_without_manifest_and_without_tensorflow(tmp_path):
-    proc = _sweep("status", str(tmp_path))
-    assert proc.returncode == 2 and "no sweep here" in proc.stderr
-    code = "import sys, common.sweep.cli; assert 'tensorflow' not in sys.modules"
-    subprocess.run([PY, "-c", code], cwd=REPO, env=base_env(), check=True)
+    assert got["rc"] == 2 and len(got["stderr"].strip().splitlines()) == 1, got["stdout"] + got["stderr"]
+    assert message in got["stderr"] and not got["tensorflow"] and not results.exists(), got["stderr"]
 
 
 def test_sweep_refuses_submit_without_sbatch(tmp_path):
-    env = base_env()
-    env["PATH"] = str(Path(PY).parent)  # the venv only: no sbatch
-    proc = _sweep("submit", "--job", SMOKE, "--results", str(tmp_path / "R"), env=env)
+    no_sbatch = {**base_env(), "PATH": str(Path(PY).parent)}  # the venv only: no sbatch
+    proc = _sweep("submit", "--job", SMOKE, "--results", str(tmp_path / "R"), env=no_sbatch)
     assert proc.returncode == 2 and "sbatch not found" in proc.stderr, proc.stderr

@@ -24,8 +24,8 @@ TIMEOUT = 120  # s for the whole batch: every case stops at its input check, a f
 
 
 def batch(cases: list[dict[str, Any]], env: dict[str, str]) -> list[dict[str, Any]]:
-    """Run ``cases`` (each ``{"module", "argv", "env"}``: the full environment of that run) in one process started
-    with ``env``; per case ``{"rc", "stdout", "stderr", "tensorflow"}``, in order."""
+    """Run ``cases`` (each ``{"module", "argv"}`` and optionally ``"env"``, the full environment of that run, else
+    ``env``) in one process started with ``env``; per case ``{"rc", "stdout", "stderr", "tensorflow"}``, in order."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -38,9 +38,9 @@ def batch(cases: list[dict[str, Any]], env: dict[str, str]) -> list[dict[str, An
         return json.loads(dst.read_text())
 
 
-def _one(case: dict[str, Any]) -> dict[str, Any]:
+def _one(case: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     os.environ.clear()
-    os.environ.update(case["env"])
+    os.environ.update(case.get("env") or env)
     saved_path = list(sys.path)
     sys.argv = [case["module"], *case["argv"]]
     out, err = io.StringIO(), io.StringIO()
@@ -64,7 +64,8 @@ def _one(case: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     cases = json.loads(Path(sys.argv[1]).read_text())
     dst = Path(sys.argv[2])
-    dst.write_text(json.dumps([_one(c) for c in cases]))
+    env = dict(os.environ)  # a case without an environment of its own runs in the batch's
+    dst.write_text(json.dumps([_one(c, env) for c in cases]))
 
 
 if __name__ == "__main__":

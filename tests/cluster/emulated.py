@@ -1,7 +1,7 @@
 """Test helpers around tests/cluster/cluster.sh: start, drive and stop an emulated cluster, run processes on its
 nodes. Shared by tests/test_cluster.py (the cluster itself) and tests/test_cluster_runs.py (twinbench across it).
 
-One 2-node cluster per suite: the session fixture ``emu`` (tests/conftest.py) takes the one named by
+One 2-node cluster per suite: the session fixture ``emu`` (below; a plugin of tests/conftest.py) takes the one named by
 $TWINBENCH_EMULATED_CLUSTER when it runs (`make test` starts it once for both pytest sessions:
 ``python -m tests.cluster.emulated start|stop DIR``), else starts its own and stops it at the session's end.
 """
@@ -138,9 +138,11 @@ def cluster(directory: Path, *extra: str) -> Iterator[Emulated]:
         sh("stop", str(directory), check=False)
 
 
-def session_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulated]:
-    """The session fixture's body: the running cluster $TWINBENCH_EMULATED_CLUSTER names (its starter stops it),
-    else a 2-node cluster of this session's own."""
+@pytest.fixture(scope="session")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulated]:
+    """The emulated 2-node cluster of tests/test_cluster.py and tests/test_cluster_runs.py, one per suite: the
+    running cluster $TWINBENCH_EMULATED_CLUSTER names (its starter stops it), else one of this session's own. Tests
+    that change it (shape, cpus, cut) undo the change."""
     shared = os.environ.get(SHARED)
     if shared and (Path(shared) / STARTED_IN).exists() and (Path(shared) / "cluster.env").exists():
         yield Emulated(Path(shared), float((Path(shared) / STARTED_IN).read_text()))
