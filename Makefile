@@ -28,10 +28,15 @@ demo: setup  ## local CPU comparison of both backends at 1 and 2 workers on jobs
 
 # The suite on two workers: the files that start a Slurm or an emulated cluster on one, the others on the other
 # (their session fixtures made once each: tests/conftest.py); then the tests that assert on wall-clock figures, alone.
+# One emulated cluster serves both sessions (tests/cluster/emulated.py): started first, stopped by its recorded PIDs
+# however the recipe ends.
 test:  ## set-up (with Debian's Slurm and munge for tests/test_slurm.py), then the whole test suite
 	TWINBENCH_WITH_SLURM=1 TWINBENCH_VENV=.venv bash scripts/setup.sh
 	$(PY) -m ruff check .
-	$(TEST_ENV) $(PY) -m pytest -ra --durations=15 -n 2 --dist loadgroup -m "not timing" tests
+	emu=$$(mktemp -d /tmp/twinbench-emu.XXXXXX); \
+	trap '$(PY) -m tests.cluster.emulated stop "'"$$emu"'"' EXIT; trap 'exit 130' INT TERM; \
+	$(PY) -m tests.cluster.emulated start "$$emu" && export TWINBENCH_EMULATED_CLUSTER="$$emu" && \
+	$(TEST_ENV) $(PY) -m pytest -ra --durations=15 -n 2 --dist loadgroup -m "not timing" tests && \
 	$(TEST_ENV) $(PY) -m pytest -ra --durations=10 -m timing tests
 
 test-fallback:  ## the TF 2.18 fallback in .venv-tf2.18: set-up, then the parity and Horovod smoke tests

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import PY, SMOKE, first_divergence, only_result, pause_vars, run
+from tests.conftest import PY, SMOKE, backend_cmd, base_env, first_divergence, only_result, pause_vars, run
 
 pytestmark = pytest.mark.distributed
 RTOL = 1e-5
@@ -52,15 +52,25 @@ def test_nccl_without_gpu_warns_and_uses_ring(tmp_path):
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI not installed (make setup installs it)")
 def test_horovod_under_mpirun_matches_gloo(runner, tmp_path):
-    """The MPI controller computes what the Gloo controller computes."""
-    run(["mpirun", "-np", "2", "--oversubscribe", "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_USE_LEGACY_KERAS",
-         str(PY), "-m", "backends.horovod", "--job", SMOKE, "--results", str(tmp_path), "--quiet"])
-    mpi = only_result(tmp_path)
-    assert mpi["backend_info"]["controller"] == "mpi"
-    gloo = runner("horovod")
+    """The MPI controller computes what the Gloo controller computes, and Horovod under its own launcher
+    (horovodrun --gloo) computes what native computes: the tests' other Horovod runs use mpirun (tests/conftest.py,
+    ``backend_cmd``), so this is the parity of native and Horovod as users launch it, and horovodrun's own exit
+    leaves nothing in $TMPDIR either (tests/test_parity.py compares native with the mpirun runs)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    run(backend_cmd("horovod", tmp_path / "gloo", own_launcher=True), env={**base_env(), "TMPDIR": str(tmp)})
+    gloo = only_result(tmp_path / "gloo")
     assert gloo["backend_info"]["controller"] == "gloo"
+    assert not list(tmp.iterdir()), sorted(p.name for p in tmp.iterdir())[:3]
+    mpi = runner("horovod")
+    assert mpi["backend_info"]["controller"] == "mpi"
     msg = first_divergence(mpi["step_losses"], gloo["step_losses"], RTOL)
     assert msg is None, msg
+    nat = runner("native")
+    assert gloo["initial_weights_digest"] == nat["initial_weights_digest"] and gloo["job_hash"] == nat["job_hash"]
+    msg = first_divergence(nat["step_losses"], gloo["step_losses"], RTOL)
+    assert msg is None, f"native --nproc 2 vs horovodrun -np 2: {msg}"
+    assert gloo["weights_consistent"]
 
 
 def test_results_record_is_complete(runner):
@@ -89,7 +99,8 @@ def test_results_record_is_complete(runner):
 def test_runs_leave_nothing_in_tmpdir(runner):
     """Ranks end without the interpreter's teardown (common.core.errors.exit_now), which skips the atexit hook that
     deletes TensorFlow's autograph files: exit_now removes them itself, on both backends and their launchers."""
-    runner("native"), runner("horovod")  # the 2-worker runs the parity tests share (--nproc, horovodrun)
+    runner("native"), runner("horovod")  # the 2-worker runs the parity tests share (--nproc, mpirun; horovodrun's:
+    # test_horovod_under_mpirun_matches_gloo)
     left = runner.tmp_leftovers()
     assert {k[0] for k in left} >= {"native", "horovod"}
     assert all(not names for names in left.values()), {" ".join(k): names[:3] for k, names in left.items() if names}
@@ -124,8 +135,7 @@ def test_mixed_precision_and_xla_train(runner, mode, option):
 
 def test_horovod_fp16_compression_stays_close(runner, tmp_path):
     """fp16 allreduce changes the math a little (recorded), not a lot."""
-    run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", PY, "-m", "backends.horovod", "--job", SMOKE,
-         "--fp16-allreduce", "--results", str(tmp_path), "--quiet"])
+    run(backend_cmd("horovod", tmp_path, "--fp16-allreduce"))
     fp16 = only_result(tmp_path)
     exact = runner("horovod")
     assert fp16["backend_info"]["compression"] == "fp16"

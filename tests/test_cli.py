@@ -1,15 +1,18 @@
 """Bad input on the command line: one line on stderr, exit status 2, no traceback, nothing written.
 
-These runs stop before TensorFlow is imported, so they are fast; the test checks that too.
+These runs stop before TensorFlow is imported, so they are fast; the test checks that too. The catalogue runs in one
+process (tests/aids/refusals.py), a few cases and the broken Horovod each in their own.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
+from tests.aids.refusals import batch
 from tests.conftest import REPO, base_env, env_with_broken_horovod
 
 
@@ -110,6 +113,7 @@ PAIRS = [(m, c) for c in sorted(CASES) for m in CASES[c][2]]
 
 
 def _run(module: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` as its own process, failing if TensorFlow was imported before it exited."""
     code = ("import sys, runpy; sys.argv = ['x'] + sys.argv[1:]; "
             f"rc = 0\ntry:\n    runpy.run_module('{module}', run_name='__main__')\n"
             "except SystemExit as e:\n    rc = e.code\n"
@@ -119,50 +123,91 @@ def _run(module: str, args: list[str], env: dict[str, str] | None = None) -> sub
                           capture_output=True, text=True, timeout=60)
 
 
+# The cases outside the catalogue, each (module, arguments, extra environment); "{tmp}" is the case's directory.
+EXTRA: dict[str, tuple[str, list[str], dict[str, str]]] = {
+    "unwritable-results": ("backends.native", ["--results", "{tmp}/file/sub"], {}),
+    "malformed-tf-config": ("backends.native", ["--results", "{tmp}"], {"TF_CONFIG": "{not json"}),
+    "nproc-with-tf-config": ("backends.native", ["--nproc", "2", "--results", "{tmp}"],
+                             {"TF_CONFIG": '{"cluster": {"worker": ["localhost:1"]}, '
+                                           '"task": {"type": "worker", "index": 0}}'}),
+    "help": ("backends.native", ["--help"], {}),
+}
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every case above run once, all in one process (tests/aids/refusals.py: each case is still its entry point's
+    ``__main__`` with its own arguments and environment, checked for TensorFlow after it exits): name -> status,
+    stdout, stderr, whether TensorFlow was imported, and the results directory it was given."""
+    names, cases, outs = [], [], []
+    for module, case in PAIRS:
+        tmp = tmp_path_factory.mktemp(case)
+        spec = CASES[case][0]
+        args, extra_env = spec(tmp) if callable(spec) else (spec, {})
+        out = tmp / "res"
+        names.append(f"{module}:{case}")
+        cases.append({"module": module, "argv": [*args, "--results", str(out)], "env": {**base_env(), **extra_env}})
+        outs.append(out)
+    for name, (module, args, extra_env) in EXTRA.items():
+        tmp = tmp_path_factory.mktemp(name)
+        (tmp / "file").write_text("x")  # a file where the unwritable case wants a directory
+        names.append(name)
+        cases.append({"module": module, "argv": [a.replace("{tmp}", str(tmp)) for a in args],
+                      "env": {**base_env(), **extra_env}})
+        outs.append(tmp / "res")
+    got = batch(cases, base_env())
+    return {n: {**g, "out": o} for n, g, o in zip(names, got, outs, strict=True)}
+
+
 def test_catalogue_is_large_enough():
     assert len(CASES) >= 25
 
 
 @pytest.mark.parametrize("module, case", PAIRS, ids=[f"{m.split('.')[1]}-{c}" for m, c in PAIRS])
-def test_bad_input_exits_2_with_one_line(module, case, tmp_path):
-    spec, fragment, _ = CASES[case]
-    args, extra_env = spec(tmp_path) if callable(spec) else (spec, {})
-    env = base_env()
-    env.update(extra_env)
-    out = tmp_path / "res"
-    proc = _run(module, [*args, "--results", str(out)], env=env)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert fragment in lines[0] and "Traceback" not in proc.stderr
+def test_bad_input_exits_2_with_one_line(module, case, refused):
+    got = refused[f"{module}:{case}"]
+    fragment = CASES[case][1]
+    assert got["rc"] == 2, got["stderr"]
+    assert not got["tensorflow"], "TensorFlow was imported before the input was checked"
+    lines = got["stderr"].strip().splitlines()
+    assert len(lines) == 1, got["stderr"]
+    assert fragment in lines[0] and "Traceback" not in got["stderr"]
     # nothing half-written: no results, no checkpoint
+    out = got["out"]
     assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
 
 
-def test_unwritable_results_dir(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("x")
-    proc = _run("backends.native", ["--results", str(blocker / "sub")])
-    assert proc.returncode == 2 and "not writable" in proc.stderr
+# Real processes, one per backend: the exit status and the one line as a shell sees them (the batch above captures
+# them inside one process), and TensorFlow not imported.
+@pytest.mark.parametrize("module, case", [("backends.native", "unknown-set-key"),
+                                          ("backends.horovod", "fusion-negative")])
+def test_bad_input_as_its_own_process(module, case, tmp_path):
+    args, fragment, _ = CASES[case]
+    proc = _run(module, [*args, "--results", str(tmp_path / "res")])
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], proc.stderr
+    assert not (tmp_path / "res").exists()
 
 
-def test_malformed_tf_config(tmp_path):
-    env = base_env()
-    env["TF_CONFIG"] = "{not json"
-    proc = _run("backends.native", ["--results", str(tmp_path)], env=env)
-    assert proc.returncode == 2 and "TF_CONFIG is malformed" in proc.stderr
+def test_unwritable_results_dir(refused):
+    got = refused["unwritable-results"]
+    assert got["rc"] == 2 and "not writable" in got["stderr"] and not got["tensorflow"]
 
 
-def test_nproc_with_tf_config_is_refused(tmp_path):
-    env = base_env()
-    env["TF_CONFIG"] = '{"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker", "index": 0}}'
-    proc = _run("backends.native", ["--nproc", "2", "--results", str(tmp_path)], env=env)
-    assert proc.returncode == 2 and "unset TF_CONFIG" in proc.stderr
+def test_malformed_tf_config(refused):
+    got = refused["malformed-tf-config"]
+    assert got["rc"] == 2 and "TF_CONFIG is malformed" in got["stderr"] and not got["tensorflow"]
 
 
-def test_help_exits_0():
-    proc = _run("backends.native", ["--help"])
-    assert proc.returncode == 0 and "--nproc" in proc.stdout
+def test_nproc_with_tf_config_is_refused(refused):
+    got = refused["nproc-with-tf-config"]
+    assert got["rc"] == 2 and "unset TF_CONFIG" in got["stderr"] and not got["tensorflow"]
+
+
+def test_help_exits_0(refused):
+    got = refused["help"]
+    assert got["rc"] == 0 and "--nproc" in got["stdout"]
 
 
 def test_horovod_not_importable(tmp_path):

@@ -1,10 +1,10 @@
 """The emulated multi-node cluster (tests/cluster/cluster.sh): nodes as network + UTS + mount namespaces on one
 machine, each with its own host name, address, slurmd and sshd (twinbench across it: tests/test_cluster_runs.py).
 
-One 2-node cluster (2 CPUs and 2 fake GPUs per node) is started per module and stopped at its end; the tests that
-stop or break a cluster start their own (helpers in tests/cluster/emulated.py). Root and Linux namespaces are
-needed (else skipped with the reason); the packages come with ``TWINBENCH_WITH_SLURM=1 make setup``, and their
-absence is a failure, not a skip.
+One 2-node cluster (2 CPUs and 2 fake GPUs per node) serves the whole suite (the session fixture ``emu``,
+tests/cluster/emulated.py; the tests that change it undo the change); the tests that stop or break a cluster start their
+own (helpers in tests/cluster/emulated.py). Root and Linux namespaces are needed (else skipped with the reason); the
+packages come with ``TWINBENCH_WITH_SLURM=1 make setup``, and their absence is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -58,11 +58,6 @@ try:
 except OSError as e:
     print(repr(e)); sys.exit(1)
 """
-
-
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory):
-    yield from cluster(tmp_path_factory.mktemp("cluster"), "--nodes", "2")
 
 
 def _recorded(directory: Path) -> list[str]:

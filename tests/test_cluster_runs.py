@@ -4,7 +4,8 @@ horovodrun --gloo over ssh from a node and by mpirun inside an allocation, and b
 2-node preset. Every run records its ranks' hosts, local size 2 and cross size 2, and all of them compute the same
 per-step losses. The runs given ``--iface tb0`` (every node's data interface) record that interface's addresses.
 
-One cluster per module; each run once per module (TensorFlow processes are slow to start on 2 cores).
+One cluster per suite (the session fixture ``emu``, tests/cluster/emulated.py); each run once per session (TensorFlow
+processes are slow to start on 2 cores).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 from backends import horovod
 from common.cluster import localcluster
 from common.diagnostics import scaling
-from tests.cluster.emulated import IMMEDIATE, JOB_TIMEOUT, NODES, Emulated, cluster, wait_all
+from tests.cluster.emulated import IMMEDIATE, JOB_TIMEOUT, NODES, Emulated, wait_all
 from tests.conftest import PY, SMOKE, base_env, only_result, pause_vars, same_losses
 
 pytestmark = pytest.mark.distributed
@@ -31,11 +32,6 @@ IFACE = "tb0"  # the data interface cluster.sh gives every node
 RUN = ["--job", SMOKE, "--quiet"]
 HOSTS = ["node1", "node1", "node2", "node2"]  # rank order: block distribution, 2 per node
 TF_CONFIG_PORT = 12700  # inside the node namespaces: nothing else listens there
-
-
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory):
-    yield from cluster(tmp_path_factory.mktemp("cluster"), "--nodes", "2")
 
 
 # -- the launchers ----------------------------------------------------------------------------------------------
@@ -89,7 +85,7 @@ def _sweep(emu: Emulated) -> Path:
     2x2), both backends, one seeded round, one job at a time (Horovod by horovodrun inside the sbatch script),
     TWINBENCH_IFACE exported; its directory once the sweep has ended."""
     def make() -> Path:
-        out = emu.dir / "sweep"
+        out = emu.dir / f"sweep-{os.getpid()}"  # the cluster may outlive this session (make test)
         env = base_env()
         env["TWINBENCH_IFACE"] = IFACE
         emu.run("login", PY, "-m", "common.sweep", "submit", "--job", SMOKE, "--sizes", ",".join(map(str, SWEEP_SIZES)),

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from common.workload.job import Job, JobError, load_job
+from tests.aids.refusals import batch
 from tests.conftest import BIN, PY, REPO, SMOKE, base_env, first_divergence, only_result, run, signal_env
 from tests.test_check import _check as check_command
 
@@ -59,15 +60,30 @@ def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     return ours[0]
 
 
-@pytest.mark.parametrize("extra, fragment", [
+REFUSED = [
     (("--set", "keras=3"), "keras = 3 runs the custom loop only"),
     ((*K3, "--diagnose", "breakdown"), "not with keras = 3"),
     ((*K3, "--strategy", "parameter_server", "--ps", "1", "--nproc", "2"), "keras = 3 is not supported with"),
     ((*K3, "--strategy", "mirrored"), "keras = 3 runs with --strategy mwms or one_device"),
-])
-def test_refusals_before_tensorflow_starts(extra, fragment):
-    line = _one_error_line(_native("--job", SMOKE, "--quiet", *extra))
-    assert line.startswith("backends.native: error: ") and fragment in line, line
+]
+
+
+@pytest.fixture(scope="module")
+def refused() -> list[dict[str, object]]:
+    """The refusals above in one process (tests/aids/refusals.py: each ``backends.native``'s ``__main__`` with its
+    own arguments, checked for TensorFlow after it exits)."""
+    cases = [{"module": "backends.native", "argv": ["--job", SMOKE, "--quiet", *extra], "env": base_env()}
+             for extra, _ in REFUSED]
+    return batch(cases, base_env())
+
+
+@pytest.mark.parametrize("index", range(len(REFUSED)))
+def test_refusals_before_tensorflow_starts(index, refused):
+    got, fragment = refused[index], REFUSED[index][1]
+    lines = got["stderr"].strip().splitlines()
+    assert got["rc"] == 2 and len(lines) == 1 and "Traceback" not in got["stderr"], got["stderr"][-3000:]
+    assert not got["tensorflow"], "TensorFlow was imported before the input was checked"
+    assert lines[0].startswith("backends.native: error: ") and fragment in lines[0], lines[0]
 
 
 def test_a_model_of_the_other_keras_family_names_the_key(tmp_path):

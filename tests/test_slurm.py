@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from common.report.load import load_runs
+from tests.aids.refusals import batch
 from tests.aids.signal_aid import ENV
 from tests.conftest import BIN, JOB_TIMEOUT, PY, REPO, SMOKE, base_env, first_divergence, only_result, run
 
@@ -412,7 +413,7 @@ def test_sweep_dry_run_plans_identical_resources(tmp_path):
     assert f"{out}/native-n8" in lines[6]
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_SWEEPS = [
     (["submit", "--job", "jobs/nope.toml", "--results", "R"], "not found"),
     (["submit", "--job", SMOKE, "--results", "R", "--sizes", "1,two"], "not an integer"),
     (["submit", "--job", SMOKE, "--results", "R", "--sizes", "6"], "does not fill whole nodes"),
@@ -421,25 +422,29 @@ def test_sweep_dry_run_plans_identical_resources(tmp_path):
     (["submit", "--job", SMOKE, "--results", "R", "--gres-per-node", "-1"], "--gres-per-node"),
     (["submit", "--job", SMOKE, "--results", "R", "--hvd-launch", "ssh"], "invalid choice"),
     (["status", "/nonexistent-twinbench"], "not a directory"),
+    (["status", "E"], "no sweep here"),
     (["frobnicate"], "invalid choice"),
-])
-def test_sweep_bad_input_is_one_line_exit_2(args, message, tmp_path):
-    args = [str(tmp_path / "R") if a == "R" else a for a in args]
-    proc = _sweep(*args)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
-    assert not (tmp_path / "R").exists()
+]
 
 
-def test_sweep_status_without_manifest_and_without_tensorflow(tmp_path):
-    proc = _sweep("status", str(tmp_path))
-    assert proc.returncode == 2 and "no sweep here" in proc.stderr
-    code = "import sys, common.sweep.cli; assert 'tensorflow' not in sys.modules"
-    subprocess.run([PY, "-c", code], cwd=REPO, env=base_env(), check=True)
+@pytest.fixture(scope="module")
+def refused_sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+    """The bad sweeps above ("R": a new path, "E": an empty directory) in one process, checked for TensorFlow after
+    each (tests/aids/refusals.py; the sweep's CLI runs on login nodes): arguments -> (outcome, the "R" path)."""
+    dirs = [tmp_path_factory.mktemp("bad-sweep") for _ in BAD_SWEEPS]
+    got = batch([{"module": "common.sweep", "argv": [{"R": str(d / "R"), "E": str(d)}.get(a, a) for a in args]}
+                 for (args, _), d in zip(BAD_SWEEPS, dirs, strict=True)], base_env())
+    return {" ".join(args): (g, d / "R") for (args, _), g, d in zip(BAD_SWEEPS, got, dirs, strict=True)}
+
+
+@pytest.mark.parametrize("args, message", BAD_SWEEPS)
+def test_sweep_bad_input_is_one_line_exit_2(args, message, refused_sweeps):
+    got, results = refused_sweeps[" ".join(args)]
+    assert got["rc"] == 2 and len(got["stderr"].strip().splitlines()) == 1, got["stdout"] + got["stderr"]
+    assert message in got["stderr"] and not got["tensorflow"] and not results.exists(), got["stderr"]
 
 
 def test_sweep_refuses_submit_without_sbatch(tmp_path):
-    env = base_env()
-    env["PATH"] = str(Path(PY).parent)  # the venv only: no sbatch
-    proc = _sweep("submit", "--job", SMOKE, "--results", str(tmp_path / "R"), env=env)
+    no_sbatch = {**base_env(), "PATH": str(Path(PY).parent)}  # the venv only: no sbatch
+    proc = _sweep("submit", "--job", SMOKE, "--results", str(tmp_path / "R"), env=no_sbatch)
     assert proc.returncode == 2 and "sbatch not found" in proc.stderr, proc.stderr

@@ -1,5 +1,9 @@
 """Test helpers around tests/cluster/cluster.sh: start, drive and stop an emulated cluster, run processes on its
 nodes. Shared by tests/test_cluster.py (the cluster itself) and tests/test_cluster_runs.py (twinbench across it).
+
+One 2-node cluster per suite: the session fixture ``emu`` (below; a plugin of tests/conftest.py) takes the one named by
+$TWINBENCH_EMULATED_CLUSTER when it runs (`make test` starts it once for both pytest sessions:
+``python -m tests.cluster.emulated start|stop DIR``), else starts its own and stops it at the session's end.
 """
 
 from __future__ import annotations
@@ -7,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +24,8 @@ from tests.conftest import REPO, base_env, skip_or_fail
 CLUSTER = REPO / "tests" / "cluster" / "cluster.sh"
 NODES = ["node1", "node2"]
 IMMEDIATE = "--immediate=120"  # srun/salloc: fail instead of queueing forever
+SHARED = "TWINBENCH_EMULATED_CLUSTER"  # the directory of a 2-node cluster started before pytest (make test)
+STARTED_IN = "started_in"  # file in a shared cluster's directory: how many seconds its start took
 JOB_TIMEOUT = 300  # s for one batch job or multi-process run across the nodes; then it is cancelled, the test fails
 
 
@@ -129,3 +136,39 @@ def cluster(directory: Path, *extra: str) -> Iterator[Emulated]:
         yield Emulated(directory, time.monotonic() - t0)
     finally:
         sh("stop", str(directory), check=False)
+
+
+@pytest.fixture(scope="session")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulated]:
+    """The emulated 2-node cluster of tests/test_cluster.py and tests/test_cluster_runs.py, one per suite: the
+    running cluster $TWINBENCH_EMULATED_CLUSTER names (its starter stops it), else one of this session's own. Tests
+    that change it (shape, cpus, cut) undo the change."""
+    shared = os.environ.get(SHARED)
+    if shared and (Path(shared) / STARTED_IN).exists() and (Path(shared) / "cluster.env").exists():
+        yield Emulated(Path(shared), float((Path(shared) / STARTED_IN).read_text()))
+        return
+    yield from cluster(tmp_path_factory.mktemp("cluster"), "--nodes", "2")
+
+
+def main(argv: list[str]) -> int:
+    """``start DIR``: a 2-node cluster in DIR (nothing started, and a message, where it cannot start: the tests then
+    report why); ``stop DIR``: stop it (its recorded PIDs; idempotent)."""
+    verb, directory = argv
+    if verb == "stop":
+        return sh("stop", directory, check=False).returncode
+    why = why_no_cluster()
+    if why:
+        print(f"no shared emulated cluster: {why}", file=sys.stderr)
+        return 0
+    t0 = time.monotonic()
+    proc = start(Path(directory), "--nodes", "2")
+    if proc.returncode != 0:
+        sh("stop", directory, check=False)
+        print(f"no shared emulated cluster: cluster.sh start failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return 0
+    (Path(directory) / STARTED_IN).write_text(f"{time.monotonic() - t0:.2f}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
