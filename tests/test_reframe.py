@@ -23,7 +23,6 @@ import pytest
 from common.core import registry
 from common.workload.job import load_job
 from jobs.reframe import baseline
-from tests.cluster import emulated
 from tests.conftest import BIN, REPO, SMOKE, run
 
 CHECK = REPO / "jobs" / "reframe" / "twinbench_check.py"
@@ -202,11 +201,7 @@ def test_references_come_from_the_baseline_directory(cluster, local_session, tmp
 
 
 # -- the emulated 2-node cluster -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory):
-    yield from emulated.cluster(tmp_path_factory.mktemp("cluster"), "--nodes", "2")
-
-
+# the session's emulated cluster (`emu`, tests/cluster/emulated.py), shared with the other cluster tests
 @pytest.mark.distributed
 def test_reframe_on_the_emulated_cluster_two_nodes_one_task_each(emu, tmp_path):
     """ReFrame on the login node submits to the emulated Slurm; each run spans node1 and node2."""
