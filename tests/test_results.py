@@ -197,3 +197,21 @@ def test_input_record_names_what_it_measured_and_decides_kept_up():
     assert iw.summarise([iw.rank_measure(None)], [1.0])["reason"] == "this training loop does not measure it"
     assert iw.summarise(fetch, [0.0, 1.0])["kept_up"] is None  # no timed wall time to compare with
     assert json.loads(json.dumps(rec)) == rec
+
+
+def test_versions_name_twinbench_s_commit_and_the_loaded_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What --baseline compares of a stack update that is twinbench's own or the site's modules: the checkout's
+    commit (this repository's HEAD, "+modified" when tracked files differ) and LOADEDMODULES as `module list` says."""
+    import subprocess
+
+    from common.core import buildinfo, results
+
+    head = subprocess.run(["git", "-C", str(buildinfo.REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    monkeypatch.setenv("LOADEDMODULES", "gcc/12.2.0:openmpi/4.1.5:tensorflow-gpu/py3/2.15.0")
+    v = results.versions()
+    assert v["twinbench"].split("+")[0] == head and v["twinbench"] in (head, head + "+modified")
+    assert v["modules"] == "gcc/12.2.0 openmpi/4.1.5 tensorflow-gpu/py3/2.15.0"
+    monkeypatch.delenv("LOADEDMODULES")
+    assert "modules" not in results.versions()  # no module system: nothing said, not an empty value
+    assert buildinfo.loaded_modules({"LOADEDMODULES": ""}) is None

@@ -18,6 +18,7 @@ import json
 import operator
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -271,3 +272,30 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout twinbench runs from
+
+
+@functools.lru_cache(maxsize=1)
+def source_version() -> str:
+    """twinbench's own version: the checkout's commit (12 hex digits), "+modified" when tracked files differ from it
+    (a run of uncommitted code is not the commit's), "unknown" without git or outside a checkout (a copied tree)."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0 or not head.stdout.strip():
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+modified" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def loaded_modules(environ: Any = None) -> str | None:
+    """The environment modules loaded when the run started, as ``module list`` names them (Lmod and Environment
+    Modules both keep them in LOADEDMODULES, colon-separated), joined by spaces; None where no module system ran."""
+    environ = os.environ if environ is None else environ
+    names = [m for m in (environ.get("LOADEDMODULES") or "").split(":") if m]
+    return " ".join(names) if names else None

@@ -76,7 +76,8 @@ class RunRecord:
     time_to_first_step: float  # seconds from process start, the slowest rank's
     resumed_from_step: int = 0  # > 0: times and throughput cover only the steps after the resume
     # versions(): python, tensorflow, tf_keras, horovod(_patch), numpy; the stack: container, container_image,
-    # horovod_build (twinbench or found); keras when Keras 3 trained the model
+    # horovod_build (twinbench or found); keras when Keras 3 trained the model; twinbench (its commit) and modules
+    # (the loaded environment modules, where a module system ran)
     versions: dict[str, str] | None = None
     hosts: list[str] | None = None  # one per rank
     devices: list[str] | None = None  # one per rank
@@ -305,6 +306,10 @@ def versions() -> dict[str, str]:
     if "horovod" in out:  # the patches scripts/setup.sh applied to its sdist (short sha256s), "none" or "unknown"
         out["horovod_patch"] = buildinfo.horovod_patch()
     out.update(buildinfo.stack_versions())  # container, container_image, horovod_build
+    out["twinbench"] = buildinfo.source_version()  # a stack update may be twinbench's own: --baseline names it
+    modules = buildinfo.loaded_modules()
+    if modules is not None:
+        out["modules"] = modules
     return out
 
 
