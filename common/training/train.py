@@ -353,6 +353,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         resumed_from_step=resume.start_step,  # > 0: times and throughput cover only the steps after the resume
         versions={**res.versions(), **keras3.versions(job)},  # Keras 3's version when it trained the model
         hosts=[r["host"] for r in everyone],
+        **machine.step_facts(),  # slurm_job, slurm_step, nodelist: the job step the ranks ran in
         devices=[r["device"] for r in everyone],
         command=list(opts.command),
         started_at=res.now_iso_from(opts.t_process_start),
