@@ -112,6 +112,9 @@ class RunRecord:
     slurm_job: str | None = None
     slurm_step: str | None = None
     nodelist: str | None = None
+    # NCCL's network per rank, in rank order (common.cluster.nccl.parse: transport, interfaces, plugin, inferred);
+    # None without a finding on any rank (CPU runs, a user's own NCCL_DEBUG without a file)
+    nccl_transport: list[dict[str, Any] | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (a deep copy), keys in field order."""
