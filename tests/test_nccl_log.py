@@ -66,6 +66,8 @@ def test_the_log_file_is_asked_for_only_on_gpus_and_never_over_the_users_choice(
     nccl.enable(True, env)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"].endswith("nccl-%h-%p.log")
     assert env["NCCL_SOCKET_IFNAME"] == "ib0" and nccl.log_dir().is_dir()
+    assert nccl.users_env(env) == {"NCCL_SOCKET_IFNAME": "ib0"}  # the record's tuning environment: the user's
+    assert nccl.users_env({**env, "NCCL_DEBUG": "TRACE"})["NCCL_DEBUG"] == "TRACE"
 
 
 def test_a_rank_reads_its_own_file(tmp_path):

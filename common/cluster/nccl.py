@@ -51,6 +51,9 @@ def debug_env(environ: Mapping[str, str], gpu: bool, directory: Path | None = No
     return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": str((directory or log_dir()) / DEBUG_FILE)}
 
 
+_SET_HERE: dict[str, str] = {}  # what ``enable`` set in this process: not the user's knobs (``users_env``)
+
+
 def enable(gpu: bool, environ: MutableMapping[str, str] | None = None) -> None:
     """On a GPU rank, before NCCL starts: ask it for its log file (``debug_env``) unless the user decided."""
     env = os.environ if environ is None else environ
@@ -58,6 +61,13 @@ def enable(gpu: bool, environ: MutableMapping[str, str] | None = None) -> None:
     if extra:
         log_dir().mkdir(mode=0o700, exist_ok=True)
         env.update(extra)
+        _SET_HERE.update(extra)
+
+
+def users_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the variables ``enable`` set (the record's tuning environment is the user's)."""
+    return {k: v for k, v in env.items()  # os.environ's value too: the record's may have its home written as ~
+            if k not in _SET_HERE or _SET_HERE[k] not in (v, os.environ.get(k))}
 
 
 def parse(text: str) -> dict[str, Any] | None:

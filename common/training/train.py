@@ -377,7 +377,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
                "path": caps.input_path, **({"pipeline": plan.pipeline["record"]} if plan.pipeline else {})},
         topology=netif.topology(everyone),
         collective=caps.collective.to_dict(),
-        tuning=tuning_record(list(caps.knobs), public_env()),
+        tuning=tuning_record(list(caps.knobs), nccl.users_env(public_env())),
         capabilities=caps.record(),
         machine=machine.combine([r["machine"] for r in everyone]),
         energy=energy.combine([r.get("energy") for r in everyone], [r["host"] for r in everyone],
