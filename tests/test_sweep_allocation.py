@@ -6,7 +6,7 @@ a layout ran on the same nodes. 18 TensorFlow runs: the slowest test of its grou
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 import pytest
 
@@ -24,8 +24,8 @@ if not hasattr(conftest, "emu"):  # one cluster per module unless the suite shar
         yield from cluster(tmp_path_factory.mktemp("cluster"), "--nodes", "2")
 
 
-def test_one_sbatch_runs_every_round_of_both_backends_on_the_same_nodes(emu: Emulated, tmp_path: Path):
-    out = emu.dir / f"alloc-{tmp_path.name}"
+def test_one_sbatch_runs_every_round_of_both_backends_on_the_same_nodes(emu: Emulated):
+    out = emu.dir / f"alloc-{os.getpid()}"  # the cluster may outlive this session (a suite-wide one)
     env = base_env()
     emu.run("login", PY, "-m", "common.sweep", "submit", "--job", SMOKE, "--sizes", "1,2", "--nodes", "1,2",
             "--backends", "native,horovod", "--results", str(out), "--gres-per-node", "2", "--cpus-per-task", "1",
