@@ -31,7 +31,7 @@ RUN_TIMEOUT = 300  # seconds for one multi-process run; a hang fails the test in
 # worker takes the rest, among them every file using the runner fixture's shared runs (tests/test_structure.py
 # checks both rules). Tests marked `timing` (wall-clock figures) run afterwards, alone.
 CLUSTER_FILES = {"test_cluster.py", "test_cluster_runs.py", "test_slurm.py", "test_slurm_stack.py",
-                 "test_reframe.py"}
+                 "test_reframe.py", "test_sweep_allocation.py"}
 OWN_WORKER_FILES = CLUSTER_FILES | {"test_demo.py", "test_usercode_parity.py", "test_tfrecord.py", "test_cli.py",
                                     "test_netif.py", "test_observe.py", "test_usercode.py", "test_inputfn.py",
                                     "test_multioutput.py"}

@@ -82,7 +82,8 @@ RECORD_KEYS = [
     "trainable_params", "gradient_bytes", "initial_weights_digest", "weights_digest", "trainable_weights_digest",
     "weights_consistent", "all_weights_consistent", "asynchronous", "input", "network", "topology",
     "collective", "tuning", "capabilities", "machine", "artifacts", "trainable_weights_fingerprint", "evaluations",
-    "time_to_target_s", "energy",
+    "time_to_target_s", "energy", "slurm_job", "slurm_step", "nodelist",
+    "nccl_transport",
 ]
 
 

@@ -250,6 +250,18 @@ def slurm_facts(environ: Mapping[str, str] | None = None) -> dict[str, Any] | No
     return out if out["job_id"] else None
 
 
+def step_facts(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The run record's ``slurm_job``, ``slurm_step`` and ``nodelist``: this job step's, from srun's variables
+    (SLURM_STEP_NODELIST: the step's nodes, a subset of the job's in a one-allocation sweep; else the job's)."""
+    env = os.environ if environ is None else environ
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+    if not job:
+        return {"slurm_job": None, "slurm_step": None, "nodelist": None}
+    return {"slurm_job": job, "slurm_step": env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or None,
+            "nodelist": env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+            or None}
+
+
 def link_speed(iface: str | None, sysfs: str = SYSFS) -> int | None:
     """``iface``'s link speed in Mbit/s (``class/net/IF/speed``); None when unknown (-1: no link or a virtual
     interface; unreadable: loopback, no such interface)."""

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from common.cluster import nccl
 from common.core.errors import UsageError, one_line
 
 CPU_BIND = ("none", "cores")  # --cpu-bind choices; none (default): this process's mask is left as launched
@@ -109,6 +110,7 @@ def pin_one_gpu(local_rank: int, prog: str, gpus: list[Any] | None = None) -> Pi
         print(f"[{prog}] warning: local rank {local_rank} but only {len(gpus)} GPUs visible; sharing GPU {index}",
               file=sys.stderr, flush=True)
     mine = gpus[index]
+    nccl.enable(gpu=True)  # NCCL's log file (which network it chose), before NCCL starts; unless the user set theirs
     tf.config.set_visible_devices(mine, "GPU")
     tf.config.experimental.set_memory_growth(mine, True)
     ids = (visible or "").split(",")

@@ -110,6 +110,14 @@ class RunRecord:
     # GPU energy over the timed steps (common.cluster.energy.combine): gpu_joules summed over the ranks' GPUs, scope
     # "GPU only", per rank; None without a GPU or a counter (pre-Volta): absent, never zero
     energy: dict[str, Any] | None = None
+    # the Slurm job and job step the ranks ran in and the step's nodes (Slurm's compressed list, e.g. "node[1-2]");
+    # None outside Slurm: two runs with the same nodelist ran on the same nodes
+    slurm_job: str | None = None
+    slurm_step: str | None = None
+    nodelist: str | None = None
+    # NCCL's network per rank, in rank order (common.cluster.nccl.parse: transport, interfaces, plugin, inferred);
+    # None without a finding on any rank (CPU runs, a user's own NCCL_DEBUG without a file)
+    nccl_transport: list[dict[str, Any] | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (a deep copy), keys in field order."""

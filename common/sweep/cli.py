@@ -5,7 +5,7 @@
                                   [--gres-per-node N] [--cpus-per-task C] [--time T] [--partition P]
                                   [--account A] [--exclusive] [--serial] [--hvd-launch srun|horovodrun]
                                   [--repeats R [--order-seed S] [--max-repeats N]] [--hint H] [--srun-mpi TYPE]
-                                  [--module-purge]
+                                  [--module-purge] [--one-allocation [--rounds-per-job K]]
                                   [--set KEY=VALUE ...] [--sbatch-arg ARG ...] [--backend-arg ARG ...]
                                   [--native-arg ARG ...] [--horovod-arg ARG ...] [--skip-data-check] [--dry-run]
     python -m common.sweep status DIR [--json] [--wait SECONDS] [--until WIDTH]
@@ -46,6 +46,10 @@ sweep planned (``planned``): ``status`` counts the ones never submitted (exit 1 
 checkpoints (a failed or cancelled run's), and ``resume DIR`` submits the runs never submitted and, again, the
 failed or cancelled ones into their own directories, each resuming from its checkpoint (common.sweep.resume).
 
+``--one-allocation`` submits one job of the largest layout (``--rounds-per-job K``: one per K whole rounds) that
+runs every run as a job step, one after the other, in the same order, each size on the allocation's first nodes for
+both backends (common.sweep.allocation); ``status``, ``extend`` and ``resume`` work on it as on the runs' own jobs.
+
 Bad input prints one line on stderr and exits 2, before anything is submitted or written. No TensorFlow here.
 """
 
@@ -63,6 +67,7 @@ from typing import NoReturn
 from common import cli
 from common.core import registry
 from common.core import results as res
+from common.sweep import allocation as sa
 from common.sweep import order as so
 from common.sweep import resume as rv
 from common.sweep.layout import SweepError
@@ -89,6 +94,15 @@ def submit(a: argparse.Namespace) -> int:
         print(f"[{PROG}] {note}", flush=True)
     env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in {"TWINBENCH_REPO": header["repo"],
                                                                **header["launch_env"]}.items())
+    if a.dry_run and a.one_allocation:
+        for chunk in sa.groups(runs, a.rounds_per_job):
+            path = sa.job_path(chunk, results)
+            print(f"# {path.name}: {len(chunk)} run(s), one job step each: "
+                  + " ".join(f"{r['cell']}#{r['round']}" for r in chunk))
+            print(env_prefix, shlex.join(sa.sbatch_command(chunk, header, results, path)))
+        print(f"[{PROG}] dry run: nothing submitted or written; the job script(s) would be {results}/jobs/*.sbatch",
+              flush=True)
+        return 0
     if a.dry_run:
         prev = None
         for i, run in enumerate(runs):
@@ -219,6 +233,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--hvd-launch", choices=("srun", "horovodrun"), default="srun",
                    help="how horovod.sbatch starts ranks (default srun --mpi=pmix)")
     so.add_options(s)
+    sa.add_options(s)
     s.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
                    help="extra sbatch option for every run, e.g. --sbatch-arg=--qos=normal (repeatable)")
     s.add_argument("--backend-arg", dest="backend_args", action="append", default=[], metavar="ARG",

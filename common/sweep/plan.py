@@ -14,6 +14,7 @@ from typing import Any
 from common import cli
 from common.core import registry
 from common.core import results as res
+from common.sweep import allocation as sa
 from common.sweep import layout as sl
 from common.sweep import order as so
 from common.sweep import variants as sv
@@ -30,6 +31,7 @@ SCRIPTS = {b: Path(registry.entry(b).slurm_script) for b in registry.names()}
 def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every run of the sweep (not yet submitted) and the manifest header; SweepError on bad input."""
     sizes = sl.parse_sizes(a.sizes)
+    sa.check_options(a)
     nodes = sl.parse_counts(a.nodes, "--nodes", "a node count") if a.nodes else None
     variants = _variants(a)
     chosen = list(dict.fromkeys(v.backend for v in variants))
@@ -85,6 +87,8 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "gres_per_node": a.gres_per_node,
         "hvd_launch": a.hvd_launch,
         "serial": a.serial,
+        "one_allocation": a.one_allocation,  # every run a job step of one job (per --rounds-per-job rounds)
+        "rounds_per_job": a.rounds_per_job,  # None: every round in one job
         "repeats": a.repeats,
         "max_repeats": cap,  # the most rounds `extend` may bring the sweep to
         "order_seed": a.order_seed if a.order_seed is not None or a.repeats == 1 else 0,

@@ -89,12 +89,11 @@ def to_resume(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict
     """The runs ``resume`` submits, in plan order: never submitted, then failed or unknown (into the same results
     directory, from its checkpoint when there is one). SweepError when a missing run cannot be made (its cell has
     no submitted run to copy, in a manifest from before ``planned``)."""
-    bad = {r["job_id"] for r in rows if r["state"] in ("failed", "unknown") and r["job_id"]}
     out = []
-    for run in planned(manifest):
+    for run, row in zip(planned(manifest), rows, strict=True):  # by run: one allocation's runs share a job id
         if run.get("template") is False:
             raise SweepError(f"cell {run['cell']} was never submitted and this manifest (from before `planned`) has "
                              "no run of it to copy: submit it by hand")
-        if not run.get("job_id") or str(run["job_id"]) in bad:
+        if not run.get("job_id") or row["state"] in ("failed", "unknown"):
             out.append({**run, "log": f"logs/{run['name']}-%j.out"})  # its own log, not the failed job's
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common.core import results as res
-from common.sweep import nodes, resume
+from common.sweep import allocation, nodes, resume
 from common.sweep.plan import MANIFEST, PROG, SCRIPTS, load_manifest
 
 EXIT_FAILED, EXIT_PENDING = 1, 3
@@ -44,8 +44,11 @@ def check_nodes(runs: list[dict[str, Any]], header: dict[str, Any]) -> str | Non
     """SweepError naming the first cell the partition's nodes cannot hold (common.sweep.nodes), before anything
     is submitted; else None, or the line saying Slurm could not be asked."""
     cells = {r.get("cell", r["name"]): r for r in runs}
-    return nodes.check([(c, r["resources"], Path(header["repo"]) / SCRIPTS[r["backend"]]) for c, r in cells.items()],
-                       _run_quiet)
+    asks = [(c, r["resources"], Path(header["repo"]) / SCRIPTS[r["backend"]]) for c, r in cells.items()]
+    if header.get("one_allocation"):  # and the allocation holding the largest layout, cells' options over theirs
+        for chunk in allocation.groups(runs, header.get("rounds_per_job"))[:1]:
+            asks.append(("allocation", allocation.request(chunk), Path(header["repo"]) / SCRIPTS[chunk[0]["backend"]]))
+    return nodes.check(asks, _run_quiet)
 
 
 def _record(manifest: dict[str, Any], run: dict[str, Any]) -> None:
@@ -59,24 +62,35 @@ def _record(manifest: dict[str, Any], run: dict[str, Any]) -> None:
     runs.append(run)
 
 
+def _sbatch(cmd: list[str], env: dict[str, str]) -> tuple[str, str]:
+    """(job id, "") of a submission, or ("", sbatch's last line of complaint)."""
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=SLURM_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        proc = subprocess.CompletedProcess(cmd, 1, "", str(e))
+    job_id = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else ""
+    return job_id, "" if job_id else (proc.stderr.strip().splitlines() or ["no job id"])[-1]
+
+
+def _refused(what: str, msg: str, submitted: int, results: Path) -> int:
+    print(f"{PROG}: error: sbatch refused {what}: {msg}"
+          + (f" ({submitted} job(s) submitted, recorded in {results / MANIFEST}; the rest: python -m "
+             f"common.sweep resume {results})" if submitted else ""), file=sys.stderr, flush=True)
+    return EXIT_FAILED
+
+
 def submit_runs(runs: list[dict[str, Any]], header: dict[str, Any], results: Path, manifest: dict[str, Any]) -> int:
     """sbatch every run in order, each recorded in ``manifest`` (written after every submission) as it goes."""
     env = {**os.environ, "TWINBENCH_REPO": header["repo"], **header["launch_env"]}
+    if header.get("one_allocation"):
+        return submit_allocations(runs, header, results, manifest, env)
     prev = str(manifest["runs"][-1]["job_id"]) if manifest["runs"] else None
     submitted = 0
     for run in runs:
         cmd = sbatch_command(run, header, results, prev if header["serial"] else None)
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=SLURM_TIMEOUT)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            proc = subprocess.CompletedProcess(cmd, 1, "", str(e))
-        job_id = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else ""
+        job_id, msg = _sbatch(cmd, env)
         if not job_id:
-            msg = (proc.stderr.strip().splitlines() or ["no job id"])[-1]
-            print(f"{PROG}: error: sbatch refused {run['name']}: {msg}"
-                  + (f" ({submitted} job(s) submitted, recorded in {results / MANIFEST}; the rest: python -m "
-                     f"common.sweep resume {results})" if submitted else ""), file=sys.stderr, flush=True)
-            return EXIT_FAILED
+            return _refused(run["name"], msg, submitted, results)
         log = re.sub(r"-(\d+|%j)\.out$", f"-{job_id}.out", run["log"])
         _record(manifest, {**run, "job_id": job_id, "log": log, "sbatch": cmd, "submitted_at": res.now_iso()})
         res.write_json_atomic(results / MANIFEST, manifest)
@@ -85,6 +99,30 @@ def submit_runs(runs: list[dict[str, Any]], header: dict[str, Any], results: Pat
               f"-> {results / run['results_dir']}", flush=True)
     print(f"[{PROG}] {len(runs)} job(s) submitted ({manifest.get('repeats', 1)} round(s) in all); manifest "
           f"{results / MANIFEST}; follow with: python -m common.sweep status {results}", flush=True)
+    return 0
+
+
+def submit_allocations(runs: list[dict[str, Any]], header: dict[str, Any], results: Path, manifest: dict[str, Any],
+                       env: dict[str, str]) -> int:
+    """--one-allocation: write and sbatch one script per group of whole rounds (common.sweep.allocation); every run
+    is recorded with its job's id, its script and its step position, the manifest written after each job."""
+    jobs = allocation.groups(runs, header.get("rounds_per_job"))
+    for k, chunk in enumerate(jobs):
+        path = allocation.job_path(chunk, results)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(allocation.script(chunk, header, results))
+        cmd = allocation.sbatch_command(chunk, header, results, path)
+        job_id, msg = _sbatch(cmd, env)
+        if not job_id:
+            return _refused(path.name, msg, k, results)
+        for i, r in enumerate(chunk):
+            _record(manifest, {**r, "job_id": job_id, "log": f"logs/{r['name']}-{job_id}.out", "sbatch": cmd,
+                               "allocation": str(path.relative_to(results)), "step": i + 1,
+                               "submitted_at": res.now_iso()})
+        res.write_json_atomic(results / MANIFEST, manifest)
+        print(f"[{PROG}] {path.name}: job {job_id}, {len(chunk)} run(s) one job step after the other", flush=True)
+    print(f"[{PROG}] {len(jobs)} job(s) submitted for {len(runs)} run(s); manifest {results / MANIFEST}; follow "
+          f"with: python -m common.sweep status {results}", flush=True)
     return 0
 
 
@@ -130,6 +168,15 @@ def classify(run: dict[str, Any], root: Path, slurm: dict[str, str] | None) -> d
     """finished | failed | running | pending | unknown, with the result files, the evidence, and the run's
     checkpoint when it has no result (common.sweep.resume)."""
     row = _classify(run, root, slurm)
+    if run.get("allocation") and not row["results"]:  # one allocation's runs share a job: its step says more
+        step = allocation.step_state(run, root)
+        if step and "exit" in step:  # the step ended without a results JSON; the job went on with the next one
+            row.update(state="failed", detail=f"step exit {step['exit']} on {step.get('nodelist') or '?'}, no "
+                                              "results JSON")
+        elif row["state"] == "running" and not step:
+            row.update(state="pending", detail=f"waits its turn in job {run['job_id']}")
+        elif step and row["state"] == "running":
+            row["detail"] = f"step running on {step.get('nodelist')}"
     row["checkpoint"] = None if row["results"] else resume.checkpoint(root / run["results_dir"])
     return row
 

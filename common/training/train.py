@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.cluster import energy, machine, netif
+from common.cluster import energy, machine, nccl, netif
 from common.core import results as res
 from common.core.contract import Backend, Capabilities, tuning_record
 from common.core.errors import PeerLost, Preempted, UsageError
@@ -313,6 +313,7 @@ def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init
         "evaluations": hooks.evaluations if backend.is_chief else [],  # identical values on every rank
         "input": inputwait.rank_measure(hooks.input_clock),  # reads the device once: after the timed loop
         "machine": machine.rank_machine(opts.iface),  # after the last step: the peak RSS is the run's
+        "nccl": nccl.own_finding(),  # the network NCCL chose, from its log file (common.cluster.nccl); None: no file
         "energy": meter.result() if (meter := getattr(hooks, "energy", None)) is not None else None,
     }
     # Every rank must take part in this collective, chief or not.
@@ -353,6 +354,8 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         resumed_from_step=resume.start_step,  # > 0: times and throughput cover only the steps after the resume
         versions={**res.versions(), **keras3.versions(job)},  # Keras 3's version when it trained the model
         hosts=[r["host"] for r in everyone],
+        **machine.step_facts(),  # slurm_job, slurm_step, nodelist: the job step the ranks ran in
+        nccl_transport=nccl.per_rank([r.get("nccl") for r in everyone]),
         devices=[r["device"] for r in everyone],
         command=list(opts.command),
         started_at=res.now_iso_from(opts.t_process_start),
@@ -374,7 +377,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
                "path": caps.input_path, **({"pipeline": plan.pipeline["record"]} if plan.pipeline else {})},
         topology=netif.topology(everyone),
         collective=caps.collective.to_dict(),
-        tuning=tuning_record(list(caps.knobs), public_env()),
+        tuning=tuning_record(list(caps.knobs), nccl.users_env(public_env())),
         capabilities=caps.record(),
         machine=machine.combine([r["machine"] for r in everyone]),
         energy=energy.combine([r.get("energy") for r in everyone], [r["host"] for r in everyone],

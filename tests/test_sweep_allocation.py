@@ -1,0 +1,59 @@
+"""One allocation on the emulated 2-node cluster (tests/cluster/cluster.sh): ``common.sweep submit --one-allocation``
+submits one sbatch job that runs 3 rounds of both backends at 1x1, 1x2 and 2x1 as job steps (srun inside the job);
+every run finishes, every record names that job, its own step and its nodes, and in every round the two backends of
+a layout ran on the same nodes. 18 TensorFlow runs: the slowest test of its group."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import tests.conftest as conftest
+from tests.cluster.emulated import JOB_TIMEOUT, Emulated, cluster
+from tests.conftest import PY, SMOKE, base_env
+
+pytestmark = pytest.mark.distributed
+ROUNDS = 3
+NODELISTS = {"1x1": "node1", "1x2": "node1", "2x1": "node[1-2]"}  # the first n nodes of the allocation
+
+if not hasattr(conftest, "emu"):  # one cluster per module unless the suite shares one (a session fixture)
+    @pytest.fixture(scope="module")
+    def emu(tmp_path_factory: pytest.TempPathFactory):
+        yield from cluster(tmp_path_factory.mktemp("cluster"), "--nodes", "2")
+
+
+def test_one_sbatch_runs_every_round_of_both_backends_on_the_same_nodes(emu: Emulated):
+    out = emu.dir / f"alloc-{os.getpid()}"  # the cluster may outlive this session (a suite-wide one)
+    env = base_env()
+    emu.run("login", PY, "-m", "common.sweep", "submit", "--job", SMOKE, "--sizes", "1,2", "--nodes", "1,2",
+            "--backends", "native,horovod", "--results", str(out), "--gres-per-node", "2", "--cpus-per-task", "1",
+            "--time", "00:03:00", "--repeats", str(ROUNDS), "--order-seed", "3", "--one-allocation",
+            "--backend-arg=--quiet", env=env, timeout=120)
+    manifest = json.loads((out / "sweep-manifest.json").read_text())
+    jobs = {r["job_id"] for r in manifest["runs"]}
+    assert len(manifest["runs"]) == 6 * ROUNDS and len(jobs) == 1  # one Slurm job instead of 18
+    status = emu.run("login", PY, "-m", "common.sweep", "status", str(out), "--wait", str(JOB_TIMEOUT * 4), "--poll",
+                     "2", env=env, check=False, timeout=JOB_TIMEOUT * 4 + 60)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1200:]}" for p in sorted((out / "logs").glob("*")))
+    assert status.returncode == 0, status.stdout + status.stderr + logs
+
+    records = {}
+    for run in manifest["runs"]:
+        files = [p for p in (out / run["results_dir"]).glob("*.json") if not p.name.startswith(".")]
+        assert len(files) == 1, run["name"]
+        records[run["name"]] = json.loads(files[0].read_text())
+    job = jobs.pop()
+    assert {r["slurm_job"] for r in records.values()} == {job}
+    assert len({r["slurm_step"] for r in records.values()}) == 6 * ROUNDS  # a job step each
+    for run in manifest["runs"]:
+        rec = records[run["name"]]
+        assert rec["nodelist"] == NODELISTS[run["layout"]], (run["name"], rec["nodelist"])
+        assert sorted(set(rec["hosts"])) == (["node1"] if run["nodes"] == 1 else ["node1", "node2"])
+    for rnd in range(1, ROUNDS + 1):
+        for layout in NODELISTS:
+            pair = [records[f"{b}-{layout}-r{rnd}"] for b in ("native", "horovod")]
+            assert pair[0]["nodelist"] == pair[1]["nodelist"] and pair[0]["hosts"] == pair[1]["hosts"]
+    steps = [int(records[r["name"]]["slurm_step"]) for r in manifest["runs"]]
+    assert steps == sorted(steps)  # in the sweep's interleaved order
