@@ -126,3 +126,19 @@ def test_best_vs_best_never_compares_two_layouts() -> None:
                                                                           ("horovod", "2x1", "fusion 32 MiB")]
     assert best_ratios(best_rows(s)) == []
     assert not any("best vs best" in v.text for v in job_verdicts(s))
+
+
+def test_backends_on_different_nccl_networks_carry_a_caveat() -> None:
+    """NCCL's network per rank (``nccl_transport``, from its INFO log): InfiniBand on one backend and TCP sockets on
+    the other is a caveat of that layout's verdict; the same network, or no finding (CPU runs), is none."""
+    ib = {"transport": "IB", "interfaces": ["mlx5_0:1"], "plugin": None, "inferred": False}
+    sock = {"transport": "Socket", "interfaces": ["eth0"], "plugin": None, "inferred": False}
+    runs = cell("native", 2, 100.0, nccl_transport=[ib, ib]) + cell("horovod", 2, 100.0, nccl_transport=[sock, sock])
+    runs += cell("native", 1, 50.0, nccl_transport=[ib]) + cell("horovod", 1, 50.0, nccl_transport=[ib])
+    (s,) = summarize(runs)
+    one, two = job_verdicts(s)
+    assert "NCCL" not in one.text
+    assert "Caveats: NCCL used Socket (eth0) for horovod but IB (mlx5_0:1) for native: the two backends measured " \
+           "different networks" in two.text, two.text
+    (s,) = summarize(cell("native", 2, 100.0) + cell("horovod", 2, 100.0, nccl_transport=[sock, sock]))
+    assert "NCCL" not in job_verdicts(s)[0].text  # no finding on one side: nothing to compare

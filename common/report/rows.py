@@ -130,6 +130,7 @@ class RunFacts:
     collective: str | None  # ``RunRecord.collective_used`` of the repeats ("a, b" if they differ); None: unknown
     files: list[str]  # the repeats' results files
     same_batches: int = 0  # repeats whose ranks all got the same first batches (an input function not sharding)
+    nccl: list[Any] = field(default_factory=list)  # the repeats' ``nccl_transport`` lists (GPU runs; else None)
 
 
 @dataclass(frozen=True)

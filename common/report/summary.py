@@ -71,7 +71,7 @@ def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
         steps=_step_times(recs),
         facts=RunFacts(gbs.most_common(1)[0][0] if gbs else None, median(_final_loss(r) for r in recs),
                        ", ".join(used) if used else None, [r.path or "?" for r in runs],
-                       sum(same_first_batches(r) for r in recs)),
+                       sum(same_first_batches(r) for r in recs), [r.nccl_transport for r in recs]),
         input=_input_wait(recs),
         validation=row_validation(recs),
         resources=row_resources(recs, gpu),

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.cluster import nccl
 from common.report.base import in_unit, md_escape, plain
 from common.report.machines import binding_mix
 from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row, memory_text, order_backends
@@ -112,6 +113,9 @@ def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
             out.append(f"{r.identity.backend}'s ranks all got the same first batches in {r.facts.same_batches} of "
                        f"{r.throughput.repeats} run(s): its input function does not shard, every worker trained on "
                        "the same data")
+    network = nccl.mismatch(n.facts.nccl, d.facts.nccl, (RATIO_NUM, RATIO_DEN))  # IB on one side, sockets on the other
+    if network:
+        out.append(network)
     if d.identity.layout != n.identity.layout or d.identity.num_workers != n.identity.num_workers:
         out.append(f"different layouts ({RATIO_DEN} {d.identity.layout} with {d.identity.num_workers} workers, "
                    f"{RATIO_NUM} {n.identity.layout} with {n.identity.num_workers})")
