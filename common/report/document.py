@@ -243,6 +243,9 @@ def ratio_table(summary: JobSummary) -> Table:
              f"{q.den_workers if q.den_workers is not None else NA} / "
              f"{q.num_workers if q.num_workers is not None else NA}",
              f"{q.den_collective or NA} / {q.num_collective or NA}", _like_for_like(q)] for q in summary.ratios]
+    if any(q.same_nodes for q in summary.ratios):  # runs that recorded their nodes: did a round's pair share them
+        header += ("same nodes",)
+        body = [[*b, f"{q.same_nodes or NA}{' (paired)' if q.paired else ''}"] for b, q in zip(body, summary.ratios)]
     if any(q.machine for q in summary.ratios):  # a job run on several machines: each pair's own
         header += ("machine",)
         body = [[*b, q.machine or NA] for b, q in zip(body, summary.ratios)]
@@ -453,7 +456,11 @@ METHOD = (
     f"interval); a single repeat has none (\"{NO_INTERVAL}\");",
     f"{RATIO_NUM}/{RATIO_DEN} = ratio of the medians, with a bootstrap 95% percentile interval when both cells have "
     f"at least {MIN_CI_RUNS} repeats ({BOOTSTRAP_RESAMPLES:,} independent resamples of each cell, numpy "
-    f"Generator seed {BOOTSTRAP_SEED}, reproducible), else \"{NEEDS_RUNS}\";",
+    f"Generator seed {BOOTSTRAP_SEED}, reproducible), else \"{NEEDS_RUNS}\"; when both backends ran every round of a "
+    "sweep on the same nodes (the records' Slurm nodelist, the run directory's round), the interval is paired "
+    "instead: each resample draws whole rounds, both backends' runs of a round together, so a round's nodes and "
+    "hour, which hit both alike, cancel in the ratio rather than widen its interval (the verdict says \"paired\"; "
+    "a bootstrap over rounds keeps the estimate, the ratio of the medians, that the unpaired interval has);",
     "speedup and efficiency are against the same backend's absolute 1-replica (1-GPU or 1-process) median, "
     "stated under each scaling table; rows are kept apart by layout (nodes x ranks per node, from each run's "
     "hosts): 1x8 and 2x4 are different rows and points;",

@@ -131,6 +131,9 @@ class RunFacts:
     files: list[str]  # the repeats' results files
     same_batches: int = 0  # repeats whose ranks all got the same first batches (an input function not sharding)
     nccl: list[Any] = field(default_factory=list)  # the repeats' ``nccl_transport`` lists (GPU runs; else None)
+    # per repeat (in ``Throughput.ips`` order): its sweep round (the run directory's -r<k>) and the nodes its job step
+    # ran on (``RunRecord.nodelist``); None where not recorded (runs outside a sweep, outside Slurm)
+    rounds: list[tuple[str | None, str | None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,9 @@ class RatioRow:
     den_collective: str | None = None  # the rows' used collectives
     num_collective: str | None = None
     caveat: str | None = None  # why the ratio is not like for like (collectives_caveat), None when it is
+    same_nodes: str | None = None  # "every round", "some rounds", "no": both backends' runs of a round on the same
+    # nodes (None: no run recorded its nodes)
+    paired: bool = False  # ratio_ci is the paired bootstrap over rounds (stats.paired_ratio_interval)
     den_row: Row | None = None  # the rows the ratio pairs (None: that side did not run here)
     num_row: Row | None = None
 

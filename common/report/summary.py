@@ -4,10 +4,12 @@ the types are common.report.rows'."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from common.core.results import RunRecord
@@ -34,7 +36,7 @@ from common.report.rows import (
     row_validation,
     same_first_batches,
 )
-from common.report.stats import MIN_CI_RUNS, median, median_interval, num, ratio_interval
+from common.report.stats import MIN_CI_RUNS, median, median_interval, num, paired_ratio_interval, ratio_interval
 
 
 def _final_loss(run: RunRecord) -> float | None:
@@ -71,7 +73,8 @@ def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
         steps=_step_times(recs),
         facts=RunFacts(gbs.most_common(1)[0][0] if gbs else None, median(_final_loss(r) for r in recs),
                        ", ".join(used) if used else None, [r.path or "?" for r in runs],
-                       sum(same_first_batches(r) for r in recs), [r.nccl_transport for r in recs]),
+                       sum(same_first_batches(r) for r in recs), [r.nccl_transport for r in recs],
+                       [(_round_of(r.path), r.record.nodelist) for r in runs]),
         input=_input_wait(recs),
         validation=row_validation(recs),
         resources=row_resources(recs, gpu),
@@ -159,10 +162,37 @@ def _pair_machine(d: Row | None, n: Row | None, several: bool) -> str:
     return ", ".join(p for p in (m.hardware, nodes_text(m.nodes) if m.nodes is not None else "") if p)
 
 
+def _round_of(path: str | None) -> str | None:
+    """A sweep run's round, from its run directory (``<variant>-<layout>-r<k>``, common.sweep); None elsewhere."""
+    m = re.search(r"-r(\d+)$", Path(path).parent.name) if path else None
+    return m.group(1) if m else None
+
+
+def _pairing(d: Row, n: Row) -> tuple[str | None, list[tuple[float, float]]]:
+    """Whether both rows' runs of each round ran on the same nodes ("every round", "some rounds", "no"; None when no
+    run recorded its nodes), and the (numerator, denominator) throughput of every round that did."""
+    def by_round(r: Row) -> dict[str, tuple[float, str | None]]:
+        return {k: (ips, nodes) for ips, (k, nodes) in zip(r.throughput.ips, r.facts.rounds) if k is not None}
+
+    if not any(nodes for _, nodes in d.facts.rounds + n.facts.rounds):
+        return None, []
+    den, num = by_round(d), by_round(n)
+    pairs = [(num[k][0], den[k][0]) for k in sorted(den.keys() & num.keys(), key=int)
+             if den[k][1] and den[k][1] == num[k][1]]
+    rounds = len(d.throughput.ips) == len(n.throughput.ips) == len(den) == len(num) == len(pairs)
+    return ("every round" if rounds and pairs else "some rounds" if pairs else "no"), pairs
+
+
 def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow:
-    """The ratio at one world size of a pair of rows, set on both rows too."""
+    """The ratio at one world size of a pair of rows, set on both rows too. Runs in rounds on the same nodes give
+    the paired interval (every round paired, at least 6), others the two cells' independent resamples."""
     ratio = n.throughput.median / d.throughput.median if d and n else None
-    ci = ratio_interval(n.throughput.ips, d.throughput.ips) if d and n else None
+    same, pairs = _pairing(d, n) if d and n else (None, [])
+    paired = same == "every round" and len(pairs) >= MIN_CI_RUNS
+    if paired:
+        ci = paired_ratio_interval([a for a, _ in pairs], [b for _, b in pairs])
+    else:
+        ci = ratio_interval(n.throughput.ips, d.throughput.ips) if d and n else None
     for r in (d, n):
         if r is not None:
             r.scaling = replace(r.scaling, ratio=ratio, ratio_ci=ci)
@@ -171,7 +201,8 @@ def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow
                     machine=_pair_machine(d, n, several), ratio_ci=ci,
                     layout=" / ".join(dict.fromkeys(r.identity.layout for r in (d, n) if r is not None)),
                     den_collective=d.facts.collective if d else None, num_collective=n.facts.collective if n else None,
-                    caveat=collectives_caveat(d, n) if d and n else None, den_row=d, num_row=n)
+                    caveat=collectives_caveat(d, n) if d and n else None, same_nodes=same, paired=paired,
+                    den_row=d, num_row=n)
 
 
 def _pair_note(ws: int, d: Row, n: Row) -> str | None:

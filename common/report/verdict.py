@@ -54,8 +54,10 @@ def lead(x: float) -> str:
     return f"{p:.0f}%" if abs(p) >= 10 else f"{p:.1f}%"
 
 
-def _runs(d: Row, n: Row) -> str:
+def _runs(d: Row, n: Row, q: RatioRow | None = None) -> str:
     a, b = d.throughput.repeats, n.throughput.repeats
+    if q is not None and q.paired:
+        return f"{a} runs each, paired: every round on the same nodes"
     return f"{a} runs each" if a == b else f"{a} {RATIO_DEN} and {b} {RATIO_NUM} runs"
 
 
@@ -70,9 +72,9 @@ def speed(q: RatioRow, d: Row, n: Row) -> str:
     lo, hi = q.ratio_ci
     if lo <= 1 <= hi:
         return (f"no significant difference ({RATIO_NUM}/{RATIO_DEN} {r:.3f} [{lo:.3f}, {hi:.3f}]) "
-                f"({_runs(d, n)})")
+                f"({_runs(d, n, q)})")
     low, high = (lo, hi) if r >= 1 else (1 / hi, 1 / lo)
-    return f"{fast} is {lead(by)} faster than {slow} [{lead(low)}, {lead(high)}] ({_runs(d, n)})"
+    return f"{fast} is {lead(by)} faster than {slow} [{lead(low)}, {lead(high)}] ({_runs(d, n, q)})"
 
 
 def _mj(joules: float | None) -> str:
