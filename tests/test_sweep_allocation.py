@@ -1,7 +1,8 @@
 """One allocation on the emulated 2-node cluster (tests/cluster/cluster.sh): ``common.sweep submit --one-allocation``
 submits one sbatch job that runs 3 rounds of both backends at 1x1, 1x2 and 2x1 as job steps (srun inside the job);
 every run finishes, every record names that job, its own step and its nodes, and in every round the two backends of
-a layout ran on the same nodes. 18 TensorFlow runs: the slowest test of its group."""
+a layout ran on the same nodes, which the report says ("every round (paired)" per size, "paired" in the verdict).
+18 TensorFlow runs: the slowest test of its group; the suite's emulated cluster (`emu`, tests/cluster/emulated.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,13 @@ import os
 
 import pytest
 
-import tests.conftest as conftest
-from tests.cluster.emulated import JOB_TIMEOUT, Emulated, cluster
+from common.report.cli import main as report
+from tests.cluster.emulated import JOB_TIMEOUT, Emulated
 from tests.conftest import PY, SMOKE, base_env
 
 pytestmark = pytest.mark.distributed
 ROUNDS = 3
 NODELISTS = {"1x1": "node1", "1x2": "node1", "2x1": "node[1-2]"}  # the first n nodes of the allocation
-
-if not hasattr(conftest, "emu"):  # one cluster per module unless the suite shares one (a session fixture)
-    @pytest.fixture(scope="module")
-    def emu(tmp_path_factory: pytest.TempPathFactory):
-        yield from cluster(tmp_path_factory.mktemp("cluster"), "--nodes", "2")
-
 
 def test_one_sbatch_runs_every_round_of_both_backends_on_the_same_nodes(emu: Emulated):
     out = emu.dir / f"alloc-{os.getpid()}"  # the cluster may outlive this session (a suite-wide one)
@@ -57,3 +52,12 @@ def test_one_sbatch_runs_every_round_of_both_backends_on_the_same_nodes(emu: Emu
             assert pair[0]["nodelist"] == pair[1]["nodelist"] and pair[0]["hosts"] == pair[1]["hosts"]
     steps = [int(records[r["name"]]["slurm_step"]) for r in manifest["runs"]]
     assert steps == sorted(steps)  # in the sweep's interleaved order
+    # the report pairs each round's two runs: same nodes for every size, "paired" in every verdict line
+    assert report([str(out), "--out", str(out / "report"), "--no-plots", "-q"]) == 0
+    md = (out / "report" / "report.md").read_text()
+    for layout in NODELISTS:
+        nodes, per_node = map(int, layout.split("x"))
+        row = next(ln for ln in md.splitlines() if ln.startswith(f"| {nodes * per_node} | {layout} |"))
+        assert row.endswith("| every round (paired) |"), row
+    verdicts = [ln for ln in md.splitlines() if ln.startswith("- ") and " x " in ln and "rank" in ln.split(":")[0]]
+    assert len(verdicts) == 3 and all("paired: every round on the same nodes" in v for v in verdicts), verdicts

@@ -277,7 +277,8 @@ class RatioRow:
     caveat: str | None = None  # why the ratio is not like for like (collectives_caveat), None when it is
     same_nodes: str | None = None  # "every round", "some rounds", "no": both backends' runs of a round on the same
     # nodes (None: no run recorded its nodes)
-    paired: bool = False  # ratio_ci is the paired bootstrap over rounds (stats.paired_ratio_interval)
+    paired: bool = False  # every round of both on the same nodes: ratio_ci (from 6 rounds) is the paired bootstrap
+    # over rounds (stats.paired_ratio_interval)
     den_row: Row | None = None  # the rows the ratio pairs (None: that side did not run here)
     num_row: Row | None = None
 

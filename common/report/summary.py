@@ -188,7 +188,7 @@ def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow
     the paired interval (every round paired, at least 6), others the two cells' independent resamples."""
     ratio = n.throughput.median / d.throughput.median if d and n else None
     same, pairs = _pairing(d, n) if d and n else (None, [])
-    paired = same == "every round" and len(pairs) >= MIN_CI_RUNS
+    paired = same == "every round"  # the interval needs 6 rounds, as the unpaired one needs 6 runs a cell
     if paired:
         ci = paired_ratio_interval([a for a, _ in pairs], [b for _, b in pairs])
     else:
