@@ -67,7 +67,7 @@ def speed(q: RatioRow, d: Row, n: Row) -> str:
     assert r is not None  # both rows exist
     fast, slow, by = (RATIO_NUM, RATIO_DEN, r) if r >= 1 else (RATIO_DEN, RATIO_NUM, 1 / r)
     if q.ratio_ci is None:
-        return (f"{NEEDS_RUNS} to say ({_runs(d, n)}; by the medians alone {fast} is {lead(by)} faster than "
+        return (f"{NEEDS_RUNS} to say ({_runs(d, n, q)}; by the medians alone {fast} is {lead(by)} faster than "
                 f"{slow}, not a verdict)")
     lo, hi = q.ratio_ci
     if lo <= 1 <= hi:
