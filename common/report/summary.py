@@ -321,6 +321,7 @@ def run_notes(job: Mapping[str, Any], runs: Sequence[LoadedRun], rows: list[Row]
             notes.append(f"{row.identity.label} at {row.identity.world_size} replicas: its repeats used different "
                          f"collectives ({row.facts.collective}); pin one (native --comm) to compare like with like")
     _input_notes(records, notes)
+    _layout_notes(runs, notes)
     for row in rows:
         if row.facts.same_batches:
             notes.append(f"{row.identity.label} at {row.identity.world_size} replicas: in {row.facts.same_batches} "
@@ -394,3 +395,36 @@ def _not_measured(records: Sequence[RunRecord]) -> dict[str, list[str]]:
             if row_label(r) not in labels:
                 labels.append(row_label(r))
     return out
+
+
+def _layout_notes(runs: Sequence[LoadedRun], notes: list[str]) -> None:
+    """Per backend and world size run in several layouts (1x2 and 2x1): did the layouts compute the same losses, and
+    if not, from which step, by how much, and whether their ranks' intra-op thread counts differ (TensorFlow splits
+    a reduction over its threads, so another count rounds differently: the usual cause)."""
+    by: dict[tuple[str, int], dict[str, RunRecord]] = {}
+    for run in runs:
+        r = run.record
+        if r.step_losses:
+            by.setdefault((str(r.backend), r.world_size), {}).setdefault(run.layout.text, r)
+    for (backend, ws), layouts in sorted(by.items()):
+        if len(layouts) < 2:
+            continue
+        (first, a), *others = sorted(layouts.items())
+        for name, b in others:
+            pair = f"{backend} at {ws} replicas: layouts {first} and {name}"
+            la, lb = list(a.step_losses or []), list(b.step_losses or [])
+            step = next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y), None)
+            if step is None and len(la) == len(lb):
+                notes.append(f"{pair} computed the same losses, bit for bit ({len(la)} steps)")
+                continue
+            if step is None:
+                notes.append(f"{pair} ran different numbers of steps ({len(la)}, {len(lb)}): losses not compared")
+                continue
+            ta, tb = (x.backend_info.get("threads_per_process") if isinstance(x.backend_info, Mapping) else None
+                      for x in (a, b))
+            why = (f"; their ranks ran {ta} and {tb} intra-op threads (from the cores per rank on a host): a sum split "
+                   "over another number of threads rounds differently, and `--threads N` on both computes the same "
+                   "math (docs/parity.md)") if ta != tb else \
+                "; with the same thread count the cause is elsewhere (an op's placement or algorithm per layout)"
+            notes.append(f"{pair} computed different losses from step {step} ({la[step]:.8g} vs {lb[step]:.8g}; final "
+                         f"{la[-1]:.4g} vs {lb[-1]:.4g}){why}")
