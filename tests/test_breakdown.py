@@ -178,3 +178,20 @@ def test_two_worker_breakdown_is_measured_and_computes_the_same_math(runner, tmp
     assert normal["job_hash"] == rec.job_hash
     msg = first_divergence(normal["step_losses"], rec.step_losses, RTOL)
     assert msg is None, msg
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", KINDS)
+def test_keras3_breakdown_splits_the_step_keras3_trains_with(runner, tmp_path, kind):
+    """A Keras 3 job's breakdown runs the one training step phase by phase: every phase measured, and the per-step
+    losses those of the Keras 3 custom-loop run (tests/test_keras3.py's, shared through the runner)."""
+    k3 = ("--set", "keras=3", "--set", "mode=ctl")
+    run(backend_cmd(kind, tmp_path, *k3, "--diagnose", "breakdown"))
+    (found,) = tmp_path.glob("breakdown-*.json")
+    rec = BreakdownRecord.from_dict(json.loads(found.read_text()))
+    assert (rec.backend, rec.world_size, rec.job["keras"]) == (kind, 2, 3)
+    assert all(rec.phases[p] > 0 for p in BREAKDOWN_PHASES), rec.phases
+    normal = runner(kind, *k3)
+    assert normal["job_hash"] == rec.job_hash
+    msg = first_divergence(normal["step_losses"], rec.step_losses, RTOL)
+    assert msg is None, msg

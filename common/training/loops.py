@@ -18,8 +18,9 @@ from common.core.contract import Warmup
 from common.training import inputwait, keras3, outputs
 from common.training import reliability as rel
 from common.training.context import RunContext
-from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss, replica_objective
+from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss
 from common.training.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS
+from common.training.step import make_step
 
 
 @dataclass
@@ -368,39 +369,12 @@ def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
 
 
 # -- custom loop --------------------------------------------------------------------------------------------
-def _ctl_step_fn(ctx: RunContext, model: Any, optimizer: Any) -> Any:
-    """One replica's step: forward, loss scaled by the global batch, gradients through the backend's tape."""
-    import tensorflow as tf
-
-    job, backend = ctx.job, ctx.backend
-    if job.keras == 3:
-        return keras3.step_fn(ctx, model, optimizer)
-    mixed = job.mixed_precision
-    replicas = ctx.plan.replicas
-    forward = replica_objective(job, model, ctx.plan.global_batch, replicas)
-
-    if job.xla:  # compile the collective-free part only: Horovod's allreduce is not an XLA op
-        forward = tf.function(forward, jit_compile=True)
-
-    def step_fn(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = forward(x, y)
-            target = optimizer.get_scaled_loss(loss) if mixed else loss
-        grads = backend.wrap_tape(tape).gradient(target, model.trainable_variables)
-        if mixed:
-            grads = optimizer.get_unscaled_gradients(grads)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return recorded_loss(loss, replicas)
-
-    return step_fn
-
-
 def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks) -> None:
     """The custom loop: one tf.function step per global step, the host reading the device only at syncs."""
     import tensorflow as tf
 
     job, backend, plan = ctx.job, ctx.backend, ctx.plan
-    step_fn = _ctl_step_fn(ctx, model, optimizer)
+    step_fn = make_step(ctx, model, optimizer).run  # forward, loss, local gradients, the backend's SUM, apply
     iterator = iter(dataset)
     ring = LossRing(job.sync_interval, backend.info.replicas_per_worker)
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_run_step")
