@@ -124,7 +124,7 @@ class HorovodBackend(Backend):
     def _connect(self) -> RankInfo:
         try:
             import horovod.tensorflow as htf  # tensors: allreduce, broadcast, allgather
-            import horovod.tensorflow.keras as hvd  # Keras: DistributedOptimizer, callbacks
+            import horovod.tensorflow.keras as hvd  # Keras: callbacks
         except ImportError as e:
             raise UsageError(
                 f"Horovod is not importable ({e}); run `make setup` (or see README) to build it") from None
@@ -207,12 +207,6 @@ class HorovodBackend(Backend):
 
     def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
         return dataset_fn(self.rank, self.num_workers, 1)
-
-    def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
-        if mode == "fit":
-            # Keras' loss is the local mean here (no strategy), so Horovod's default Average is the global mean.
-            return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
-        return optimizer
 
     def fit_callbacks(self, warmup: Warmup | None) -> tuple[list[Any], bool]:
         hvd, tf = self.hvd, self.tf

@@ -1,11 +1,11 @@
 """The contract every backend implements; everything else (data, model, loop, measurement) is shared.
 
-``Backend`` is the per-rank half, twelve groups: ``setup`` (communication and device pinning before any other
+``Backend`` is the per-rank half, eleven groups: ``setup`` (communication and device pinning before any other
 TensorFlow op, returning the rank's frozen ``RankInfo``), ``capabilities`` (the typed record of what shared code
 asks: collective, compression, controller, input path, variant, knobs...), ``describe`` (free-form provenance,
-only displayed), ``scope``, ``make_dataset``, ``wrap_optimizer``, ``fit_callbacks``, the step (``run_step`` +
-``reduce_gradients``: the one gradient reduction of the custom loop, Keras 3, the breakdown and parameter-server
-training, ``common.training.step``), the collectives (``allsum``, ``allgather``, ``allreduce_fn``, ``barrier``), the
+only displayed), ``scope``, ``make_dataset``, ``fit_callbacks``, the step (``run_step`` + ``reduce_gradients``: the
+one gradient reduction of Keras fit, the custom loop, Keras 3, the breakdown and parameter-server training,
+``common.training.step``), the collectives (``allsum``, ``allgather``, ``allreduce_fn``, ``barrier``), the
 ``Lifecycle`` hooks (``before_training``, ``after_first_step``, ``sync_model_state``, ``restore``,
 ``exit_barrier``, ``shutdown``), ``train_loop`` (a loop of the backend's own, or None) and the timeline
 (``start_timeline``/``stop_timeline``). Eight are abstract, ``reduce_gradients`` among them: a backend that does not
@@ -265,12 +265,6 @@ class Backend(Lifecycle, abc.ABC):
     def scope(self) -> contextlib.AbstractContextManager[Any]:
         """Where the model and optimizer are created."""
         return contextlib.nullcontext()
-
-    def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
-        """The optimizer as the backend reduces gradients in ``mode`` = "fit" (Keras' own ``train_step`` calls
-        ``minimize``: a backend whose collectives tf.distribute does not know reduces inside the optimizer there);
-        the custom loop's optimizer is never wrapped (``reduce_gradients`` reduces)."""
-        return optimizer
 
     def fit_callbacks(self, warmup: Warmup | None) -> tuple[list[Any], bool]:
         """Keras fit callbacks (state broadcast, metric averaging), and whether they include the backend's own LR
