@@ -195,3 +195,18 @@ def test_keras3_breakdown_splits_the_step_keras3_trains_with(runner, tmp_path, k
     assert normal["job_hash"] == rec.job_hash
     msg = first_divergence(normal["step_losses"], rec.step_losses, RTOL)
     assert msg is None, msg
+
+
+def test_a_script_asks_whether_the_breakdown_can_run_without_tensorflow(capsys):
+    keras3_job = str(Path(__file__).parent.parent / "examples" / "keras3_job.toml")
+    assert bd.main([keras3_job, "horovod"]) == 0 and bd.main([keras3_job, "native"]) == 0  # Keras 3: it runs
+    assert capsys.readouterr().out == ""
+    assert bd.main([keras3_job, "native", "--set", "mode=fit", "--set", "keras=2"]) == 1
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "--diagnose breakdown splits the custom loop's step into phases: use --set mode=ctl (the job has mode fit)"]
+    with pytest.raises(SystemExit) as e:
+        bd.main([keras3_job, "nosuch"])
+    assert e.value.code == 2 and "unknown backend 'nosuch'" in capsys.readouterr().err
+    code = ("import sys; from common.diagnostics.breakdown import main; rc = main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules; sys.exit(rc)")
+    assert run([PY, "-c", code, keras3_job, "horovod"], check=False, timeout=60).returncode == 0
