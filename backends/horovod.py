@@ -29,7 +29,6 @@ from common.core.contract import (  # noqa: E402
     Collective,
     Diagnosis,
     RankInfo,
-    StepPhases,
     Warmup,
 )
 from common.core.errors import UsageError  # noqa: E402
@@ -125,8 +124,8 @@ class HorovodBackend(Backend):
 
     def _connect(self) -> RankInfo:
         try:
-            import horovod.tensorflow as htf  # tensors: broadcast, allgather, DistributedGradientTape
-            import horovod.tensorflow.keras as hvd  # Keras: DistributedOptimizer, callbacks
+            import horovod.tensorflow as htf  # tensors: allreduce, broadcast, allgather
+            import horovod.tensorflow.keras as hvd  # Keras: callbacks
         except ImportError as e:
             raise UsageError(
                 f"Horovod is not importable ({e}); run `make setup` (or see README) to build it") from None
@@ -210,12 +209,6 @@ class HorovodBackend(Backend):
     def make_dataset(self, dataset_fn: Callable[[int, int, int], Any]) -> Any:
         return dataset_fn(self.rank, self.num_workers, 1)
 
-    def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
-        if mode == "fit":
-            # Keras' loss is the local mean here (no strategy), so Horovod's default Average is the global mean.
-            return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
-        return optimizer
-
     def fit_callbacks(self, warmup: Warmup | None) -> tuple[list[Any], bool]:
         hvd, tf = self.hvd, self.tf
         backend = self
@@ -250,27 +243,14 @@ class HorovodBackend(Backend):
             cb._supports_tf_logs = True
         return cbs
 
-    def wrap_tape(self, tape: Any) -> Any:
-        # op=Sum: the shared loop already divides each replica's loss by the global batch (as MWMS expects).
-        return self.htf.DistributedGradientTape(tape, op=self.htf.Sum, compression=self.compression)
-
     def run_step(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         return [step_fn(*batch)]
 
     def reduce_gradients(self, grads: list[Any]) -> list[Any]:
-        # A Keras 3 step (common/training/keras3.py): its optimizer sees no tf.distribute replica and reduces
-        # nothing, so SUM here as wrap_tape does for tf_keras (the loss is already divided by the global batch).
-        # One grouped allreduce: Horovod's Keras module does not take Keras 3 variables (Horovod issue 4290).
-        if self.num_workers == 1:
-            return list(grads)
-        return self.htf.grouped_allreduce(list(grads), op=self.htf.Sum, compression=self.compression)
-
-    def phases(self) -> StepPhases | str:
-        return StepPhases(self._allreduce_gradients)
-
-    def _allreduce_gradients(self, grads: list[Any]) -> list[Any]:
-        # What wrap_tape's DistributedGradientTape does: one allreduce per gradient (Horovod fuses them), op=Sum,
-        # the same compression, and nothing at all in a world of one (its tf.cond on size() > 1).
+        # What DistributedGradientTape(op=Sum) does: one allreduce per gradient (Horovod fuses them), SUM (each
+        # replica's loss is already divided by the global batch), the run's compression, and nothing in a world of
+        # one (its tf.cond on size() > 1). Not through Horovod's Keras module: it does not take Keras 3 variables
+        # (Horovod issue 4290), and the tensors are all it needs.
         if self.num_workers == 1:
             return list(grads)
         htf = self.htf

@@ -41,7 +41,6 @@ from common.core.contract import (  # noqa: E402
     Diagnosis,
     Knob,
     RankInfo,
-    StepPhases,
     TrainLoop,
     size_text,
 )
@@ -249,15 +248,13 @@ class NativeBackend(Backend):
         out = self.strategy.run(step_fn, args=tuple(batch))
         return list(self.strategy.experimental_local_results(out))
 
-    def phases(self) -> StepPhases | str:
-        return breakdown_problem(self.opts.strategy) or StepPhases(self._allreduce_gradients)
-
     @staticmethod
-    def _allreduce_gradients(grads: list[Any]) -> list[Any]:
+    def reduce_gradients(grads: list[Any]) -> list[Any]:
         import tensorflow as tf
 
-        # What the optimizer's apply_gradients does under MWMS (all_reduce_sum_gradients): one batched SUM
-        # all-reduce of the gradient list in the replica context, with the strategy's CommunicationOptions.
+        # What the optimizer's apply_gradients does by itself under MWMS (tf_keras' all_reduce_sum_gradients, Keras
+        # 3's _all_reduce_sum_gradients): one batched SUM all-reduce of the gradient list in the replica context,
+        # with the strategy's CommunicationOptions; common.training.step then tells the optimizer not to reduce.
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
 
     def sync_model_state(self, model: Any) -> None:

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from common.training import inputwait
-from common.training.objective import mean_over_ranks, recorded_loss, replica_objective
-from common.workload.job import Job
+from common.training.objective import mean_over_ranks
+from common.training.step import make_step
 
 if TYPE_CHECKING:
     from common.training.context import RunContext
@@ -69,20 +69,14 @@ class _Syncs:
         return stop or not self.points
 
 
-def _worker_step(job: Job, strategy: Any, model: Any, optimizer: Any, worker_batch: int, replicas: int) -> Any:
+def _worker_step(ctx: RunContext, strategy: Any, model: Any, optimizer: Any, worker_batch: int, replicas: int) -> Any:
     """One worker step (a tf.function the coordinator schedules): next batch, update applied at once, mean loss."""
     import tensorflow as tf
 
-    # This worker's update is applied alone: the mean over its own batch (all its local replicas), the objective
-    # Keras fit uses under this strategy too; regularisation counted once per worker step.
-    objective = replica_objective(job, model, worker_batch, replicas)
-
-    def replica_step(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = objective(x, y)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return recorded_loss(loss, replicas)
+    # The shared step (common.training.step) over this worker's own batch: its update is applied alone, the mean over
+    # its batch (all its local replicas), the objective Keras fit uses under this strategy too; regularisation
+    # counted once per worker step. Its optimizer reduces over the local replicas itself (step.optimizer_reduces).
+    replica_step = make_step(ctx, model, optimizer, worker_batch, replicas).run
 
     @tf.function
     def worker_step(iterator: Any) -> Any:
@@ -160,5 +154,5 @@ def run_ps(ctx: RunContext, model: Any, optimizer: Any, dataset_fn: Callable[[An
         _run_fit(model, dataset_fn, run_steps * fan, hooks, syncs)
     else:
         syncs = _Syncs(coordinator, hooks, fan, points, float, progress)
-        step = _worker_step(job, strategy, model, optimizer, worker_batch, local)
+        step = _worker_step(ctx, strategy, model, optimizer, worker_batch, local)
         _run_ctl(strategy, coordinator, step, dataset_fn, hooks, syncs)

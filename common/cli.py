@@ -110,11 +110,11 @@ def _check_diagnose(prog: str, args: argparse.Namespace, job: Job) -> None:
     """--diagnose runs the custom loop's math, alone: one line and exit 2 for what it cannot be combined with."""
     if not args.diagnose:
         return
-    if job.mode != "ctl":
-        fail(prog, f"--diagnose {args.diagnose} splits the custom loop's step into phases: use --set mode=ctl "
-                   f"(the job has mode {job.mode})")
-    if job.keras == 3:  # its phases apply already-reduced gradients, which Keras 3's optimizer would reduce again
-        fail(prog, f"--diagnose {args.diagnose} splits the tf_keras step only: not with keras = 3 (set keras = 2)")
+    from common.diagnostics.breakdown import breakdown_refusal
+
+    problem = breakdown_refusal(job)
+    if problem:
+        fail(prog, problem)
     if args.bench:
         fail(prog, f"--diagnose {args.diagnose} and --bench {args.bench} are two different runs: pick one")
     if args.resume_from:

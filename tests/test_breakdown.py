@@ -179,3 +179,35 @@ def test_two_worker_breakdown_is_measured_and_computes_the_same_math(runner, tmp
     assert normal["job_hash"] == rec.job_hash
     msg = first_divergence(normal["step_losses"], rec.step_losses, RTOL)
     assert msg is None, msg
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", KINDS)
+def test_keras3_breakdown_splits_the_step_keras3_trains_with(runner, tmp_path, kind):
+    """A Keras 3 job's breakdown runs the one training step phase by phase: every phase measured, and the per-step
+    losses those of the Keras 3 custom-loop run (tests/test_keras3.py's, shared through the runner)."""
+    k3 = ("--set", "keras=3", "--set", "mode=ctl")
+    run(backend_cmd(kind, tmp_path, *k3, "--diagnose", "breakdown"))
+    (found,) = tmp_path.glob("breakdown-*.json")
+    rec = BreakdownRecord.from_dict(json.loads(found.read_text()))
+    assert (rec.backend, rec.world_size, rec.job["keras"]) == (kind, 2, 3)
+    assert all(rec.phases[p] > 0 for p in BREAKDOWN_PHASES), rec.phases
+    normal = runner(kind, *k3)
+    assert normal["job_hash"] == rec.job_hash
+    msg = first_divergence(normal["step_losses"], rec.step_losses, RTOL)
+    assert msg is None, msg
+
+
+def test_a_script_asks_whether_the_breakdown_can_run_without_tensorflow(capsys):
+    keras3_job = str(Path(__file__).parent.parent / "examples" / "keras3_job.toml")
+    assert bd.main([keras3_job, "horovod"]) == 0 and bd.main([keras3_job, "native"]) == 0  # Keras 3: it runs
+    assert capsys.readouterr().out == ""
+    assert bd.main([keras3_job, "native", "--set", "mode=fit", "--set", "keras=2"]) == 1
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "--diagnose breakdown splits the custom loop's step into phases: use --set mode=ctl (the job has mode fit)"]
+    with pytest.raises(SystemExit) as e:
+        bd.main([keras3_job, "nosuch"])
+    assert e.value.code == 2 and "unknown backend 'nosuch'" in capsys.readouterr().err
+    code = ("import sys; from common.diagnostics.breakdown import main; rc = main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules; sys.exit(rc)")
+    assert run([PY, "-c", code, keras3_job, "horovod"], check=False, timeout=60).returncode == 0

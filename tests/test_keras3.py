@@ -62,7 +62,6 @@ def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 REFUSED = [
     (("--set", "keras=3"), "keras = 3 runs the custom loop only"),
-    ((*K3, "--diagnose", "breakdown"), "not with keras = 3"),
     ((*K3, "--strategy", "parameter_server", "--ps", "1", "--nproc", "2"), "keras = 3 is not supported with"),
     ((*K3, "--strategy", "mirrored"), "keras = 3 runs with --strategy mwms or one_device"),
 ]

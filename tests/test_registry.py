@@ -43,16 +43,17 @@ def test_the_contract_fits_on_a_screen():
     """What a backend author reads: the abstract members, then about a dozen with a default (Lifecycle's six hooks
     among them) and the RankInfo shortcuts; nothing that only one backend means."""
     abstract = sorted(Backend.__abstractmethods__)
-    assert abstract == ["_connect", "allgather", "allreduce_fn", "allsum", "capabilities", "make_dataset", "run_step"]
+    assert abstract == ["_connect", "allgather", "allreduce_fn", "allsum", "capabilities", "make_dataset",
+                        "reduce_gradients", "run_step"]
     public = {n for n in dir(Backend) if not n.startswith("_")}
     shortcuts = {"info", "rank", "num_workers", "num_replicas", "is_chief", "name", "setup"}
     groups = [{"capabilities"}, {"describe"}, {"scope"}, {"make_dataset"},
-              {"run_step", "wrap_tape", "reduce_gradients"}, {"wrap_optimizer"}, {"fit_callbacks"}, {"train_loop"},
-              {"allsum", "allgather", "allreduce_fn", "barrier"},
-              {"phases"}, {"start_timeline", "stop_timeline"},
+              {"run_step", "reduce_gradients"}, {"fit_callbacks"}, {"train_loop"},
+              {"allsum", "allgather", "allreduce_fn", "barrier"}, {"start_timeline", "stop_timeline"},
               {"before_training", "after_first_step", "sync_model_state", "restore", "exit_barrier", "shutdown"}]
-    assert public - shortcuts == set().union(*groups) and len(groups) + 1 == 13  # + setup
-    assert not public & {"uses_coordinator", "variant", "profiler_caveat", "input_path", "gradient_bytes", "knobs",
+    assert public - shortcuts == set().union(*groups) and len(groups) + 1 == 11  # + setup
+    assert not public & {"wrap_tape", "phases", "wrap_optimizer",  # the one reduction replaced them
+                         "uses_coordinator", "variant", "profiler_caveat", "input_path", "gradient_bytes", "knobs",
                          "collective", "writes_checkpoint", "breakdown_problem", "fit_warmup"}
 
 
@@ -64,6 +65,19 @@ def test_capabilities_record_and_gradient_bytes():
                              "variant": None, "asynchronous": False, "every_rank_writes_checkpoint": True}
     with pytest.raises(ValueError, match="compression 'int8'"):
         Capabilities(caps.collective, compression="int8")
+
+
+def test_a_backend_without_the_gradient_reduction_cannot_be_constructed():
+    """A backend that does not say how it reduces gradients would train one independent model per rank: it fails
+    at construction instead, with one line naming the missing method."""
+    from tests import toy_backend
+
+    everything_else = {k: v for k, v in vars(toy_backend.ToyBackend).items() if k != "reduce_gradients"}
+    Forgetful = type("Forgetful", (Backend,), everything_else)
+    with pytest.raises(TypeError, match="abstract method.*reduce_gradients") as err:
+        Forgetful()
+    assert len(str(err.value).splitlines()) == 1
+    assert toy_backend.ToyBackend().reduce_gradients([1.0]) == [1.0]  # the toy backend says it: one replica
 
 
 def test_the_toy_backend_keeps_the_module_contract():

@@ -1,15 +1,17 @@
 """The contract every backend implements; everything else (data, model, loop, measurement) is shared.
 
-``Backend`` is the per-rank half, thirteen groups: ``setup`` (communication and device pinning before any other
+``Backend`` is the per-rank half, eleven groups: ``setup`` (communication and device pinning before any other
 TensorFlow op, returning the rank's frozen ``RankInfo``), ``capabilities`` (the typed record of what shared code
 asks: collective, compression, controller, input path, variant, knobs...), ``describe`` (free-form provenance,
-only displayed), ``scope``, ``make_dataset``, ``wrap_optimizer``, ``fit_callbacks``, the step (``run_step`` +
-``wrap_tape`` + ``reduce_gradients``), the collectives (``allsum``, ``allgather``, ``allreduce_fn``,
-``barrier``), the ``Lifecycle`` hooks (``before_training``, ``after_first_step``, ``sync_model_state``,
-``restore``, ``exit_barrier``, ``shutdown``), ``train_loop`` (a loop of the backend's own, or None), ``phases``
-(the step split for ``--diagnose breakdown``, or why not) and the timeline (``start_timeline``/``stop_timeline``).
-Seven are abstract; the others default to what a one-process backend without a collective library of its own would
-do. ``BackendSpec`` is the module-level half
+only displayed), ``scope``, ``make_dataset``, ``fit_callbacks``, the step (``run_step`` + ``reduce_gradients``: the
+one gradient reduction of Keras fit, the custom loop, Keras 3, the breakdown and parameter-server training,
+``common.training.step``), the collectives (``allsum``, ``allgather``, ``allreduce_fn``, ``barrier``), the
+``Lifecycle`` hooks (``before_training``, ``after_first_step``, ``sync_model_state``, ``restore``,
+``exit_barrier``, ``shutdown``), ``train_loop`` (a loop of the backend's own, or None) and the timeline
+(``start_timeline``/``stop_timeline``). Eight are abstract, ``reduce_gradients`` among them: a backend that does not
+say how it reduces gradients cannot be constructed (TypeError naming it), where a default would train one
+independent model per rank. The others default to what a one-process backend without a collective library of its
+own would do. ``BackendSpec`` is the module-level half
 (``PROG``, ``Options``, ``parser``, ``make_backend``, ``local_command``, ``doctor``, ``main``).
 
 Shared code reads ``Capabilities`` fields, never keys of ``describe()``, and never asks which backend it runs:
@@ -167,30 +169,6 @@ class Capabilities:
 COMPRESSION_BYTES = {"none": 4, "fp16": 2}  # bytes per gradient value on the wire
 
 
-def local_gradients(tape: Any, target: Any, variables: list[Any]) -> list[Any]:
-    """This replica's gradients, not reduced across replicas (in the replica function, no collective)."""
-    return tape.gradient(target, variables)
-
-
-def apply_local(optimizer: Any, grads_and_vars: list[tuple[Any, Any]]) -> Any:
-    """Apply gradients that are already reduced, without reducing them again; returns the update op."""
-    return optimizer.apply_gradients(grads_and_vars, experimental_aggregate_gradients=False)
-
-
-@dataclass(frozen=True)
-class StepPhases:
-    """The custom-loop step split at the collective, same math (``--diagnose breakdown``,
-    ``common.diagnostics.breakdown``).
-
-    ``allreduce_gradients(grads)``: SUM over all replicas, the reduction training applies (in the replica
-    function; a collective: every replica calls it at the same step). The other two phases rarely differ.
-    """
-
-    allreduce_gradients: Callable[[list[Any]], list[Any]]
-    local_gradients: Callable[[Any, Any, list[Any]], list[Any]] = local_gradients
-    apply_local: Callable[[Any, list[tuple[Any, Any]]], Any] = apply_local
-
-
 @dataclass(frozen=True)
 class Warmup:
     """A fit run's LR warm-up, offered to ``Backend.fit_callbacks`` only for a run starting at step 0 (a backend's
@@ -256,6 +234,13 @@ class Backend(Lifecycle, abc.ABC):
     def run_step(self, step_fn: Callable[..., Any], batch: Any) -> Any:
         """Run one replica step on every local replica; returns this process's per-replica losses (list)."""
 
+    @abc.abstractmethod
+    def reduce_gradients(self, grads: list[Any]) -> list[Any]:
+        """This replica's gradients (tensors, none None) -> their SUM over every replica of the run, in the replica
+        function (a collective: every replica calls it at the same step). The one reduction of the training step
+        (``common.training.step``): each replica's loss is already divided by the global batch
+        (``common.training.objective``), and the optimizer then applies the sum without reducing again."""
+
     # -- collectives: every rank must call them, at the same step ---------------------------------------------
     @abc.abstractmethod
     def allsum(self, values: list[float]) -> list[float]:
@@ -281,20 +266,6 @@ class Backend(Lifecycle, abc.ABC):
         """Where the model and optimizer are created."""
         return contextlib.nullcontext()
 
-    def wrap_optimizer(self, optimizer: Any, mode: str) -> Any:
-        """The optimizer as the backend reduces gradients in ``mode`` (fit: Keras calls apply_gradients)."""
-        return optimizer
-
-    def wrap_tape(self, tape: Any) -> Any:
-        """The gradient tape of the custom loop's step, reducing as the backend does."""
-        return tape
-
-    def reduce_gradients(self, grads: list[Any]) -> list[Any]:
-        """A Keras 3 custom-loop step's gradients (a plain tape) as its optimizer must get them: SUM over all
-        replicas unless the optimizer reduces them itself, as Keras 3's does across tf.distribute replicas
-        (common/training/keras3.py). Default: as they are."""
-        return grads
-
     def fit_callbacks(self, warmup: Warmup | None) -> tuple[list[Any], bool]:
         """Keras fit callbacks (state broadcast, metric averaging), and whether they include the backend's own LR
         warm-up for ``warmup`` (False: twinbench adds its re-implementation of the rule)."""
@@ -303,10 +274,6 @@ class Backend(Lifecycle, abc.ABC):
     def train_loop(self) -> TrainLoop | None:
         """A loop of the backend's own instead of the shared fit and custom loops (native: parameter servers)."""
         return None
-
-    def phases(self) -> StepPhases | str:
-        """The step split into phases for ``--diagnose breakdown``, or one line why this backend cannot."""
-        return f"the {self.name} backend does not split its step into phases"
 
     def start_timeline(self, path: str) -> bool:
         """Called on every rank as the profiler trace starts: start the backend's own collective timeline into

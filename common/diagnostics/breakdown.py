@@ -1,13 +1,14 @@
 """``--diagnose breakdown``: where a custom-loop step's time goes, measured on the device, on either backend.
 
 A separate diagnostic run (its own ``kind: "breakdown"`` record, never a benchmark figure). It trains the job with
-the custom loop's math, but each step is ONE ``tf.function`` whose phases are serialized by data and control
+the custom loop's own step (``common.training.step``, tf_keras or Keras 3), but each step is ONE ``tf.function`` whose
+phases are serialized by data and control
 dependencies, with a ``tf.timestamp()`` at every boundary:
 
     t0  function start             -> next(iterator)                       -> t1  the batch is there
-    t1  forward + backward, this replica's own gradients (no reduction)  -> t2
-    t2  SUM all-reduce of the gradients (StepPhases.allreduce_gradients)   -> t3  (includes waiting for the slowest)
-    t3  optimizer.apply_gradients(..., experimental_aggregate_gradients=False) -> t4
+    t1  forward + backward, this replica's own gradients (ReplicaStep.gradients) -> t2
+    t2  SUM all-reduce of the gradients (ReplicaStep.reduce: Backend.reduce_gradients) -> t3  (includes waiting)
+    t3  the optimizer's update, not reducing again (ReplicaStep.apply)          -> t4
 
 ``rest`` = t0 of this step - t4 of the previous one: everything between two steps' device work (the function's
 return and dispatch, the Python loop, the host syncs). So input + compute + comm + apply + rest is the step time
@@ -36,9 +37,11 @@ from common.core.contract import Backend
 from common.core.errors import UsageError
 from common.core.privacy import public
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord
+from common.training import keras3
 from common.training.context import Plan, RunContext
-from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss, replica_objective
+from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss
 from common.training.runconfig import RunOptions
+from common.training.step import make_step
 from common.workload.job import Job
 
 if TYPE_CHECKING:
@@ -47,6 +50,22 @@ if TYPE_CHECKING:
 STAMPS = 5  # t0..t4 per step
 METHOD = ("phases serialized inside one tf.function per step, tf.timestamp() at each boundary; no overlap of "
           "communication with the backward pass; a diagnostic run, not a benchmark figure")
+
+
+# -- can it run? (no TensorFlow) -----------------------------------------------------------------------------
+def breakdown_refusal(job: Job, backend_name: str | None = None) -> str | None:
+    """Why ``--diagnose breakdown`` cannot run ``job`` on the backend ``backend_name`` with its default flags (one
+    line), or None: what a script asks before queueing the run (``python -m common.diagnostics.breakdown``). Cheap:
+    reads the job and the registry, starts no TensorFlow. A backend's own flags may refuse more (native: a --strategy
+    other than mwms or one_device), in one line at its start."""
+    from common.core import registry
+
+    if backend_name is not None and backend_name not in registry.names():
+        return f"unknown backend {backend_name!r}: use one of {', '.join(registry.names())}"
+    if job.mode != "ctl":
+        return ("--diagnose breakdown splits the custom loop's step into phases: use --set mode=ctl (the job has "
+                f"mode {job.mode})")
+    return None
 
 
 # -- pure arithmetic (no TensorFlow): per-step phases and their summary --------------------------------------
@@ -103,9 +122,6 @@ def run_breakdown(job: Job, backend: Backend, opts: RunOptions) -> BreakdownReco
     """Train ``job`` with its step split into timed phases; the chief writes (and returns) the record."""
     from common.training import train
 
-    phases = backend.phases()
-    if isinstance(phases, str):
-        raise UsageError(phases)
     if backend.info.replicas_per_worker != 1:
         raise UsageError("--diagnose breakdown times one replica per process; this run drives "
                          f"{backend.info.replicas_per_worker}")
@@ -181,10 +197,11 @@ def _loop(ctx: RunContext, built: Built, dataset: Any, warm: int,
     losses: list[float] = []
     marks = [(0, time.perf_counter())]
     schedule = lr_schedule(job, plan.learning_rate, plan.steps_per_epoch, plan.total_steps, plan.replicas)
+    set_lr = keras3.learning_rate_setter(job, optimizer)
     for done in range(1, plan.total_steps + 1):
         new_lr = schedule(done - 1)
         if new_lr is not None:
-            tf.keras.backend.set_value(optimizer.lr, new_lr)
+            set_lr(new_lr)
         step()  # not waited for: the host reads the device only at a sync, as a benchmark does
         if done == 1:
             backend.after_first_step(model, optimizer)
@@ -203,26 +220,18 @@ def _make_step(ctx: RunContext, built: Built, iterator: Any, ring: Any) -> Any:
     """The one tf.function per step: [t0, t1, t2, t3, t4, loss] of step ``i`` written at slot i % ring size."""
     import tensorflow as tf
 
-    job, backend, replicas = ctx.job, ctx.backend, ctx.plan.replicas
-    model, optimizer = built.model, built.optimizer
-    forward = _forward(job, model, ctx.plan)
-    mixed, variables = job.mixed_precision, model.trainable_variables
-    phases = backend.phases()
-    assert not isinstance(phases, str), phases  # run_breakdown refused such a backend
+    backend, replicas = ctx.backend, ctx.plan.replicas
+    one = make_step(ctx, built.model, built.optimizer)  # the step training runs, called phase by phase
+    variables = keras3.tf_variables(one.variables)
 
     def replica(x: Any, y: Any) -> Any:
         t1 = _stamp_after([x, y])
         x, y = _after(t1, [x, y])  # the forward pass starts once t1 is taken
-        with tf.GradientTape() as tape:
-            loss = forward(x, y)
-            target = optimizer.get_scaled_loss(loss) if mixed else loss
-        grads = phases.local_gradients(tape, target, variables)
-        if mixed:
-            grads = optimizer.get_unscaled_gradients(grads)
-        t2 = _stamp_after(grads)
-        reduced = phases.allreduce_gradients(_after(t2, grads))
-        t3 = _stamp_after(reduced)
-        update = phases.apply_local(optimizer, list(zip(_after(t3, reduced), variables)))
+        loss, grads = one.gradients(x, y)
+        t2 = _stamp_after([g for g in grads if g is not None])
+        reduced = one.reduce(_after(t2, grads))
+        t3 = _stamp_after([g for g in reduced if g is not None])
+        update = one.apply(_after(t3, reduced))
         with tf.control_dependencies(_ops(update)):
             t4 = _stamp_after([tf.identity(v) for v in variables])  # the updated values, read back
         return tf.stack([t1, t2, t3, t4, recorded_loss(tf.cast(loss, tf.float64), replicas)])
@@ -243,14 +252,6 @@ def _make_step(ctx: RunContext, built: Built, iterator: Any, ring: Any) -> Any:
     return step
 
 
-def _forward(job: Job, model: Any, plan: Plan) -> Any:
-    """The custom loop's objective (common.training.objective), jit-compiled with ``xla`` as in the custom loop."""
-    import tensorflow as tf
-
-    forward = replica_objective(job, model, plan.global_batch, plan.replicas)
-    return tf.function(forward, jit_compile=True) if job.xla else forward
-
-
 def _stamp_after(tensors: list[Any]) -> Any:
     """tf.timestamp() once ``tensors`` are computed. With a GPU, a data dependency on one element of each, read on
     the host, so the stamp waits for the kernels themselves (a control dependency waits only for their launch);
@@ -267,11 +268,12 @@ def _stamp_after(tensors: list[Any]) -> Any:
 
 
 def _after(stamp: Any, tensors: list[Any]) -> list[Any]:
-    """``tensors`` passed through identities that wait for ``stamp``: what consumes them starts after it."""
+    """``tensors`` passed through identities that wait for ``stamp``: what consumes them starts after it (a None
+    gradient stays None)."""
     import tensorflow as tf
 
     with tf.control_dependencies([stamp]):
-        return [tf.identity(t) for t in tensors]
+        return [None if t is None else tf.identity(t) for t in tensors]
 
 
 def _ops(update: Any) -> list[Any]:
@@ -279,3 +281,37 @@ def _ops(update: Any) -> list[Any]:
     import tensorflow as tf
 
     return [u for u in tf.nest.flatten(update, expand_composites=True) if u is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m common.diagnostics.breakdown JOB BACKEND [--set KEY=VALUE ...]``: exit 0 when the breakdown can run,
+    1 with its refusal on one line (stdout), 2 on bad input (stderr)."""
+    import argparse
+    import sys
+
+    from common.workload.job import JobError, load_job
+
+    p = argparse.ArgumentParser(prog="python -m common.diagnostics.breakdown",
+                                description="Can --diagnose breakdown run this job on this backend? (no TensorFlow)")
+    p.add_argument("job")
+    p.add_argument("backend")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a job key, as the backends take")
+    args = p.parse_args(argv)
+    from common.core import registry
+
+    if args.backend not in registry.names():
+        p.error(f"unknown backend {args.backend!r}: use one of {', '.join(registry.names())}")
+    try:
+        job = load_job(args.job, args.set)
+    except JobError as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 2
+    problem = breakdown_refusal(job, args.backend)
+    if problem:
+        print(problem)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,13 +1,11 @@
 """Keras 3 (job key ``keras = 3``) in twinbench's custom loop: the optimizer, the step, and what the backends need
 to read and write Keras 3 variables.
 
-Keras 3 (``import keras``) lives in the same process as tf_keras (``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``). Its
-TensorFlow optimizer SUMs the gradients across tf.distribute replicas inside ``apply_gradients``
-(keras/src/backend/tensorflow/optimizer.py, ``_all_reduce_sum_gradients``), the reduction the objective expects
-(``common.training.objective``: each replica's loss divided by the global batch). A backend whose collectives
-tf.distribute does not know (Horovod) reduces the tape's gradients itself first, ``Backend.reduce_gradients``: the
-optimizer then sees one replica and reduces nothing. Horovod's Keras module is never given Keras 3 objects (it needs
-``.ref()`` on variables, Horovod issue 4290): the backends broadcast the variables underneath (``tf_variables``).
+Keras 3 (``import keras``) lives in the same process as tf_keras (``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``).
+It trains with the custom loop's one step (``common.training.step``: this replica's gradients,
+``Backend.reduce_gradients``, then ``apply_gradients`` told not to reduce again).
+Horovod's Keras module is never given Keras 3 objects (it needs ``.ref()`` on variables, Horovod issue 4290): the
+backends broadcast the variables underneath (``tf_variables``).
 
 Only the custom loop: Keras 3's ``fit`` under MultiWorkerMirroredStrategy fails (``common.workload.job`` refuses
 ``mode = "fit"`` with ``keras = 3`` before TensorFlow starts).
@@ -20,12 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from common.core.errors import UsageError
-from common.training.context import RunContext
-from common.training.objective import recorded_loss, replica_objective
 from common.workload.job import Job
 
 # Optimizer settings Keras 3 applies to each replica's gradients *before* its all-reduce (base_optimizer.py,
-# ``apply``): under MWMS they would act on one replica's gradients, under Horovod on the sum; no parity either way.
+# ``apply``): twinbench's step hands the optimizer gradients already summed over replicas (common.training.step),
+# so they would act on the sum, not where Keras 3 puts them; refused rather than changed.
 PER_REPLICA_SETTINGS = ("clipnorm", "clipvalue", "global_clipnorm", "gradient_accumulation_steps", "loss_scale_factor")
 
 
@@ -48,32 +45,13 @@ def check_optimizer(job: Job, optimizer: Any) -> None:
     used = [name for name in PER_REPLICA_SETTINGS if getattr(optimizer, name, None)]
     if used:
         raise UsageError(f"optimizer = {job.optimizer!r} sets {', '.join(used)}: Keras 3 applies it to each "
-                         "replica's gradients before their all-reduce, so the backends would not compute the same "
-                         "math; leave it unset")
+                         "replica's gradients before their all-reduce, but twinbench's step gives it gradients already "
+                         "summed over replicas (so it would act on the sum); leave it unset")
 
 
 def create_slots(optimizer: Any, model: Any) -> None:
     """The optimizer's variables now (under the backend's scope), so a checkpoint can be restored before step 1."""
     optimizer.build(model.trainable_variables)
-
-
-def step_fn(ctx: RunContext, model: Any, optimizer: Any) -> Callable[[Any, Any], Any]:
-    """One replica's step: forward and objective (``replica_objective``), the tape's gradients reduced by the
-    backend where the optimizer does not reduce them itself, then ``apply_gradients``."""
-    import tensorflow as tf
-
-    backend, plan = ctx.backend, ctx.plan
-    forward = replica_objective(ctx.job, model, plan.global_batch, plan.replicas)
-    variables = model.trainable_variables
-
-    def step(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = forward(x, y)
-        grads = backend.reduce_gradients(tape.gradient(loss, variables))
-        optimizer.apply_gradients(zip(grads, variables))
-        return recorded_loss(loss, plan.replicas)
-
-    return step
 
 
 def learning_rate_setter(job: Job, optimizer: Any) -> Callable[[float], None]:

@@ -1,9 +1,9 @@
 """AdamW as a tf_keras *legacy* optimizer, for ``keras = 2`` jobs with ``optimizer = "adamw"``.
 
 tf_keras ships AdamW only as a new-style optimizer (tf_keras/src/optimizers/adamw.py), and ``keras = 2`` runs need
-a ``tf.keras.optimizers.legacy`` one: Horovod's fit wraps it in ``hvd.DistributedOptimizer``
-(horovod/_keras/__init__.py, ``create_distributed_optimizer``: a subclass of the optimizer's class rebuilt with
-``from_config(get_config())``), and the LR callbacks and the loops set its ``lr`` from the host each step.
+a ``tf.keras.optimizers.legacy`` one (what Horovod's Keras module wraps, horovod/_keras/__init__.py: a subclass of
+the optimizer's class rebuilt with ``from_config(get_config())``), and the LR callbacks and the loops set its ``lr``
+from the host each step.
 
 ``AdamW`` is legacy Adam (tf_keras/src/optimizers/legacy/adam.py) with the decoupled weight decay of Keras 3's
 AdamW and tf_keras' new one (keras/src/optimizers/base_optimizer.py and tf_keras/src/optimizers/optimizer.py,

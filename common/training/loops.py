@@ -18,8 +18,9 @@ from common.core.contract import Warmup
 from common.training import inputwait, keras3, outputs
 from common.training import reliability as rel
 from common.training.context import RunContext
-from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss, replica_objective
+from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss
 from common.training.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS
+from common.training.step import ReplicaStep, make_step, optimizer_reduces
 
 
 @dataclass
@@ -287,14 +288,17 @@ def twin_model_class() -> Any:
     import tensorflow as tf
 
     class TwinModel(tf.keras.Model):
-        """Keras' own train step, plus ``step_loss``: this replica's mean loss of this step (not a running mean),
-        written into the ``LossRing`` (the host reads it at the next sync) and returned in the logs."""
+        """Keras' own train step, its optimizer's ``minimize`` split as the custom loop's step is
+        (``common.training.step``: this replica's gradients, the backend's one reduction, apply without reducing
+        again), plus ``step_loss``: this replica's mean loss of this step (not a running mean), written into the
+        ``LossRing`` (the host reads it at the next sync) and returned in the logs."""
 
         local_replicas = 1
         xla_forward = None  # a holder (not tracked by Keras) whose .fn is the jit-compiled forward pass, or None
         loss_ring: Any = None  # a holder (not tracked by Keras) whose .ring is the LossRing
         input_clock: Any = None  # a holder (not tracked by Keras) whose .clock is the inputwait.InputClock
         structure_loss: Any = None  # a holder (not tracked by Keras): one loss over a multi-output model's structures
+        reduction: Any = None  # a holder (not tracked by Keras): .reduce_fn (the backend's), .replicas (the plan's)
 
         def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None) -> Any:
             if self.structure_loss is None:
@@ -306,13 +310,25 @@ def twin_model_class() -> Any:
             if clock is not None:  # Keras fetched ``data`` before this call: the time since the last step ended
                 self._on_first_replica(lambda: clock.batch_ready(data, self._train_counter))
             x, y = data
+            in_sync = tf.distribute.get_strategy().num_replicas_in_sync
+            one = ReplicaStep(None, self.trainable_variables, self.optimizer, self.reduction.reduce_fn, in_sync,
+                              mixed=isinstance(self.optimizer, tf.keras.mixed_precision.LossScaleOptimizer))
             with tf.GradientTape() as tape:
                 y_pred = self.xla_forward.fn(x) if self.xla_forward is not None else self(x, training=True)
                 loss = self.compute_loss(x, y, y_pred, None)
-            update = self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+                # Keras divides the loss by the replicas tf.distribute knows (none of Horovod's): the rest of the
+                # global batch's share here, so that the SUM reduction gives the global mean (replicas / in_sync
+                # is 1 under MWMS; a worker of parameter-server training updates alone, its optimizer reducing)
+                outside = 1 if optimizer_reduces() else self.reduction.replicas // in_sync
+                share = loss / outside if outside > 1 else loss
+                target = self.optimizer.get_scaled_loss(share) if one.mixed else share
+            grads = tape.gradient(target, self.trainable_variables)
+            if one.mixed:
+                grads = self.optimizer.get_unscaled_gradients(grads)
+            update = one.apply(one.reduce(list(grads)))
             logs = self.compute_metrics(x, y, y_pred, None)
             # Under a strategy Keras divided this replica's loss by the replica count; undo it for the record.
-            step_loss = recorded_loss(loss, tf.cast(tf.distribute.get_strategy().num_replicas_in_sync, loss.dtype))
+            step_loss = recorded_loss(loss, tf.cast(in_sync, loss.dtype))
             if self.local_replicas > 1:
                 # Keras returns only the first local replica's value; average them (in-process) first.
                 step_loss = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, step_loss)
@@ -368,39 +384,12 @@ def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
 
 
 # -- custom loop --------------------------------------------------------------------------------------------
-def _ctl_step_fn(ctx: RunContext, model: Any, optimizer: Any) -> Any:
-    """One replica's step: forward, loss scaled by the global batch, gradients through the backend's tape."""
-    import tensorflow as tf
-
-    job, backend = ctx.job, ctx.backend
-    if job.keras == 3:
-        return keras3.step_fn(ctx, model, optimizer)
-    mixed = job.mixed_precision
-    replicas = ctx.plan.replicas
-    forward = replica_objective(job, model, ctx.plan.global_batch, replicas)
-
-    if job.xla:  # compile the collective-free part only: Horovod's allreduce is not an XLA op
-        forward = tf.function(forward, jit_compile=True)
-
-    def step_fn(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = forward(x, y)
-            target = optimizer.get_scaled_loss(loss) if mixed else loss
-        grads = backend.wrap_tape(tape).gradient(target, model.trainable_variables)
-        if mixed:
-            grads = optimizer.get_unscaled_gradients(grads)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return recorded_loss(loss, replicas)
-
-    return step_fn
-
-
 def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks) -> None:
     """The custom loop: one tf.function step per global step, the host reading the device only at syncs."""
     import tensorflow as tf
 
     job, backend, plan = ctx.job, ctx.backend, ctx.plan
-    step_fn = _ctl_step_fn(ctx, model, optimizer)
+    step_fn = make_step(ctx, model, optimizer).run  # forward, loss, local gradients, the backend's SUM, apply
     iterator = iter(dataset)
     ring = LossRing(job.sync_interval, backend.info.replicas_per_worker)
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_run_step")

@@ -3,10 +3,10 @@ regularisation, and the learning-rate schedule with warm-up.
 
 The rules are the tf.distribute tutorial's, so that MWMS and Horovod compute the same math:
 - each replica's objective is sum(per-example loss) / GLOBAL batch + regularisation / replicas, and the backends
-  SUM gradients across replicas (MWMS ``apply_gradients``; Horovod ``op=Sum``), which equals the gradient of the
-  global-batch mean loss plus the regularisation counted once (``replica_objective``);
+  SUM gradients across replicas (``Backend.reduce_gradients`` in ``common.training.step``), which equals the gradient
+  of the global-batch mean loss plus the regularisation counted once (``replica_objective``);
 - in Keras ``fit`` the loss is the compiled ``fit_loss``: under a strategy Keras applies the same rule itself;
-  under Horovod each rank's Keras loss is its local mean and ``DistributedOptimizer`` averages, the same quantity;
+  under Horovod each rank's Keras loss is its local mean, divided by the ranks before the same SUM, the same quantity;
 - the LR warm-up is Horovod's ``LearningRateWarmupCallback`` rule (``warmup_multiplier``), re-implemented for the
   native backend and the custom loop, momentum correction off on both sides; after it the job's ``lr_schedule``
   (``lr_schedule``: constant, cosine, or the user's LearningRateSchedule), set from the host before every step in

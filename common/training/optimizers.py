@@ -1,5 +1,5 @@
-"""The job's optimizer, in the job's Keras family: tf_keras *legacy* optimizers for ``keras = 2`` (Horovod's fit
-wraps them in ``DistributedOptimizer`` and its LR callbacks set their ``lr``), Keras 3's for ``keras = 3``.
+"""The job's optimizer, in the job's Keras family: tf_keras *legacy* optimizers for ``keras = 2`` (Horovod's LR
+callbacks and the loops set their ``lr``), Keras 3's for ``keras = 3``.
 
 ``optimizer`` is a builtin name (sgd, momentum, adam, adamw: with ``keras = 2`` twinbench's legacy AdamW,
 common/training/legacy_adamw.py, as tf_keras has none), built with ``optimizer_args`` as keyword arguments of its

@@ -239,7 +239,7 @@ def build(ctx: RunContext) -> Built:
         if usercode.refs(job) or job.loss != DEFAULT_LOSS or job.loss_per_output:  # do they fit together?
             labels = pipeline["labels"] if pipeline else data_mod.label_sample(job)
             outputs.check(job, inner, labels, num_classes)
-        optimizer = backend.wrap_optimizer(build_optimizer(job, ctx.plan.learning_rate), job.mode)
+        optimizer = build_optimizer(job, ctx.plan.learning_rate)
         if job.mode == "fit":
             model = _compile_for_fit(job, backend, inner, optimizer)
         else:
@@ -260,6 +260,8 @@ def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> 
     model = loops.twin_model_class()(inputs=inner.inputs, outputs=inner.output if outputs.is_multi(inner) else
                                      inner.outputs, name=inner.name)
     model.local_replicas = backend.info.replicas_per_worker
+    # fit's gradients reduced as the custom loop's: the backend's one reduction (common.training.step)
+    model.reduction = types.SimpleNamespace(reduce_fn=backend.reduce_gradients, replicas=backend.num_replicas)
     # tf_keras' default ("auto" = "sum" under MWMS) all-reduces every returned log across workers each
     # step, on top of the metrics' own sync, and so shows N x the loss. "first" keeps the synced metric
     # values as they are and adds no collective that Horovod runs do not have.
