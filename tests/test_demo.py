@@ -16,7 +16,7 @@ pytestmark = pytest.mark.distributed
 def test_demo_compares_both_backends_and_reports(tmp_path):
     env = base_env()
     env["OUT"] = str(tmp_path / "demo")
-    env["REPEATS"] = "2"  # the repeat path (intervals) at the lowest cost; the default is 3
+    env["REPEATS"] = "2"  # the repeat path (intervals) at the lowest cost; the default is 6
     env["STEPS"] = "40"
     # what a centre's shell may hold: a secret and a home path in TF_* variables that are Terraform's, not TF's,
     # beside a variable that tunes a collective library
