@@ -7,6 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # make test: the Slurm and emulated clusters must start (a cluster that cannot start fails the test, never skips it)
 TEST_ENV := TWINBENCH_REQUIRE_CLUSTERS=1
+DURATIONS ?= 15  # how many of the slowest tests pytest lists (0: every test, for a per-file sum)
 # The fallback: TensorFlow 2.18.1 + tf-keras 2.18.0 + the unpatched Horovod sdist (requirements-tf2.18.txt).
 FALLBACK_VENV := .venv-tf2.18
 FALLBACK_PY := $(FALLBACK_VENV)/bin/python
@@ -36,7 +37,7 @@ test:  ## set-up (with Debian's Slurm and munge for tests/test_slurm.py), then t
 	emu=$$(mktemp -d /tmp/twinbench-emu.XXXXXX); \
 	trap '$(PY) -m tests.cluster.emulated stop "'"$$emu"'"' EXIT; trap 'exit 130' INT TERM; \
 	$(PY) -m tests.cluster.emulated start "$$emu" && export TWINBENCH_EMULATED_CLUSTER="$$emu" && \
-	$(TEST_ENV) $(PY) -m pytest -ra --durations=15 -n 2 --dist loadgroup -m "not timing" tests && \
+	$(TEST_ENV) $(PY) -m pytest -ra --durations=$(DURATIONS) -n 2 --dist loadgroup -m "not timing" tests && \
 	$(TEST_ENV) $(PY) -m pytest -ra --durations=10 -m timing tests
 
 test-fallback:  ## the TF 2.18 fallback in .venv-tf2.18: set-up, then the parity and Horovod smoke tests
