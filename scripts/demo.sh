@@ -36,6 +36,16 @@ try:
 except ValueError as e:
     sys.exit("demo: " + str(e).replace("--until", "UNTIL", 1))' "$UNTIL") || exit 2  # as a percentage: 0.05 -> 5%
 fi
+# The job as every run would load it, its functions' arguments and its paths (common.workload.argcheck): a mistake
+# is one line and exit 2 here, not the same error in each of the demo's runs
+$PY -c 'import sys
+from pathlib import Path
+from common.workload import argcheck
+from common.workload.job import JobError, load_job
+try:
+    argcheck.refuse(load_job(sys.argv[1], [f"mode={sys.argv[2]}", f"steps={sys.argv[3]}"]), Path.cwd())
+except JobError as e:
+    sys.exit(f"demo: JOB={sys.argv[1]}: {e}")' "$JOB" "$MODE" "$STEPS" || exit 2
 mkdir -p "$OUT/logs"
 # One demo is one comparison: results of an earlier demo are moved aside (kept, not read by the report).
 if compgen -G "$OUT/*.json" > /dev/null; then

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests.conftest import REPO
 from tests.test_demo_until import fake_demo
 
 REFUSAL = "--diagnose breakdown cannot split this job's step: a reason in one line"
@@ -31,3 +32,18 @@ def test_a_failed_run_is_named_and_the_report_of_the_others_still_written(tmp_pa
     md = (out / "report" / "report.md").read_text()
     assert "| horovod | 2 |" in md and "| native | 2 |" not in md  # the runs that finished, and only those
     assert len((out / "order.txt").read_text().splitlines()) == 2 * 3  # every other cell still ran, twice
+
+
+def test_a_job_mistake_is_one_line_before_any_run(tmp_path: Path) -> None:
+    """A data directory that does not exist (or a misspelt argument) stops the demo before its first run, in one
+    line naming the key, with nothing written: not the same error in each of its runs."""
+    job = tmp_path / "job.toml"
+    job.write_text((REPO / "examples" / "stream_job.toml").read_text().replace(
+        'pythonpath = ["."]', f'pythonpath = ["{REPO / "examples"}"]').replace(
+        "/tmp/twinbench-stream", str(tmp_path / "nowhere")))
+    proc, out = fake_demo(tmp_path, JOB=str(job))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"demo: JOB={job}: dataset_args.data_dir = '{tmp_path / 'nowhere'}': '{tmp_path / 'nowhere'}' does not exist "
+        "here"]
+    assert not out.exists()
