@@ -17,7 +17,7 @@ from common.diagnostics import breakdown as bd
 from common.report.build import ReportOptions, build_report
 from common.report.load import load_breakdowns, load_runs, recompute_job_hash
 from common.report.model import allreduce_time_at
-from tests.conftest import PY, backend_cmd, first_divergence, run
+from tests.conftest import PY, REPO, backend_cmd, first_divergence, run
 from tests.test_parity import RTOL
 
 KINDS = ("native", "horovod")
@@ -211,3 +211,23 @@ def test_a_script_asks_whether_the_breakdown_can_run_without_tensorflow(capsys):
     code = ("import sys; from common.diagnostics.breakdown import main; rc = main(sys.argv[1:]); "
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules; sys.exit(rc)")
     assert run([PY, "-c", code, keras3_job, "horovod"], check=False, timeout=60).returncode == 0
+
+
+@pytest.mark.distributed
+def test_breakdown_of_a_model_with_several_inputs(tmp_path):
+    """An input function giving a dict of features (examples/stream_job.toml: tokens and a value into a two-input
+    model) is split like any batch: every phase measured, the losses those of the same job's custom-loop run."""
+    import shutil
+    import sys
+
+    shutil.copytree(REPO / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    run([sys.executable, str(tmp_path / "examples" / "streampkg" / "records.py"), str(tmp_path / "data"),
+         "--per-shard", "32"])
+    job = ["--job", str(tmp_path / "examples" / "stream_job.toml"), "--set", "mode=ctl", "--set", "steps=6",
+           "--set", f"dataset_args={json.dumps({'data_dir': str(tmp_path / 'data')})}", "--quiet"]
+    run([PY, "-m", "backends.native", *job, "--diagnose", "breakdown", "--results", str(tmp_path / "b")])
+    run([PY, "-m", "backends.native", *job, "--results", str(tmp_path / "n")])
+    rec = BreakdownRecord.from_dict(json.loads(next((tmp_path / "b").glob("breakdown-*.json")).read_text()))
+    assert all(rec.phases[p] > 0 for p in BREAKDOWN_PHASES), rec.phases
+    (normal,) = load_runs(tmp_path / "n")
+    assert first_divergence(normal.record.step_losses, rec.step_losses, RTOL) is None

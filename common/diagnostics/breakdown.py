@@ -258,6 +258,8 @@ def _stamp_after(tensors: list[Any]) -> Any:
     on a CPU a control dependency is enough, and costs less."""
     import tensorflow as tf
 
+    # a batch's features may be a dict (several inputs) and a gradient sparse: every component tensor counts
+    tensors = [t for t in tf.nest.flatten(tensors, expand_composites=True) if t is not None]
     if not tf.config.list_logical_devices("GPU"):
         with tf.control_dependencies(tensors):
             return tf.timestamp()
@@ -272,8 +274,8 @@ def _after(stamp: Any, tensors: list[Any]) -> list[Any]:
     gradient stays None)."""
     import tensorflow as tf
 
-    with tf.control_dependencies([stamp]):
-        return [None if t is None else tf.identity(t) for t in tensors]
+    with tf.control_dependencies([stamp]):  # each element as it is: a tensor, or a dict of a batch's inputs
+        return [None if t is None else tf.nest.map_structure(tf.identity, t) for t in tensors]
 
 
 def _ops(update: Any) -> list[Any]:
