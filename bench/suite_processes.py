@@ -30,6 +30,8 @@ def load(directory: Path) -> list[dict[str, Any]]:
 
 def test_of(line: dict[str, Any]) -> str:
     """``tests/test_x.py::name`` without pytest's phase suffix (" (call)"), or "-" outside any test."""
+    if line["test"].startswith("(pytest"):
+        return line["test"]  # a pytest process's own CPU (tests/conftest.py), the in-process tests'
     return line["test"].rsplit(" (", 1)[0] if line["test"] else "-"
 
 

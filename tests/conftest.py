@@ -46,6 +46,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group("own" if item.path.name in OWN_WORKER_FILES else "shared"))
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With ``TWINBENCH_TEST_PROC_LOG`` (bench/suite_processes.py), this pytest process's own CPU too: what the
+    in-process tests cost beside the processes they start."""
+    directory = os.environ.get("TWINBENCH_TEST_PROC_LOG")
+    if directory:
+        import resource
+
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        line = {"pid": os.getpid(), "ppid": os.getppid(), "argv": ["pytest", worker], "t0": 0.0, "wall": 0.0,
+                "cpu": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024, "tf": "tensorflow" in sys.modules,
+                "test": f"(pytest {worker})"}
+        Path(directory, f"{os.getpid()}.json").write_text(json.dumps(line) + "\n")
+
+
 def skip_or_fail(reason: str) -> None:
     """Skip (a machine without Slurm, root or namespaces), or fail where the clusters are required."""
     if os.environ.get(REQUIRE_CLUSTERS) == "1":
