@@ -1,8 +1,11 @@
 """The ReFrame check (jobs/reframe/twinbench_check.py) as a centre runs it, on the test clusters:
 
-- the single-node Slurm (the `cluster` fixture of tests/conftest.py): the default layouts, 1 node x 1 and 2 tasks,
-  both backends and a parity test per layout; all six pass, the runs report their performance variables, the parity
-  tests the two throughputs and their ratio, and the final losses agree. Then again at 1 x 1 against a baseline
+- the single-node Slurm (the `cluster` fixture of tests/conftest.py): 1 node x 1 task (``-S num_tasks_per_node=1``),
+  both backends and a parity test; all three pass, the runs report their performance variables, the parity test the
+  two throughputs and their ratio, and the final losses agree. That the default session is 1 x 1 and 1 x 2 is the
+  listing's (test_check_lists_two_layouts_by_default_and_one_when_set); several tasks per layout run on the emulated
+  cluster below, and several tasks on one node are the sbatch scripts' (tests/test_slurm.py), which the check's job
+  script sources as they do. Then again at 1 x 1 against a baseline
   directory (``-S baseline=``) made from the first session's results JSONs with Horovod's throughput inflated
   a thousandfold: native's reference is its median there and passes, Horovod's throughput and the ratio fail;
 - the emulated 2-node cluster (tests/cluster/cluster.sh), ReFrame on its login node: 2 nodes x 1 task.
@@ -32,7 +35,7 @@ PERF_VARS = ("total_img_s", "total_img_s_lo95", "total_img_s_hi95",
 BACKENDS = list(registry.names())
 PARITY_VARS = {f"{b}_img_s" for b in BACKENDS} | {f"{b}_{BACKENDS[0]}_ratio" for b in BACKENDS[1:]}
 RFM_TIMEOUT = 600
-DEFAULT_LAYOUTS = [(1, 1), (1, 2)]  # (nodes, tasks per node) without -S
+LOCAL_LAYOUTS = [(1, 1)]  # (nodes, tasks per node) of the local session: the baseline test's layout
 DEFLATE = 1000.0  # native's baseline throughput is made this much smaller: the horovod/native ratio must then fail
 
 
@@ -112,35 +115,35 @@ def _check_session(cases: list[dict[str, Any]], outdir: Path, layouts: list[tupl
 
 @pytest.fixture(scope="module")
 def local_session(cluster, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """The default session on the single-node Slurm (both layouts): its prefix and reframe's process."""
+    """The session on the single-node Slurm at 1 x 1: its prefix and reframe's process."""
     exe = _reframe()
     if shutil.which("squeue", path=cluster.env()["PATH"]) is None:
         pytest.fail("no squeue next to slurmctld")
     prefix = tmp_path_factory.mktemp("rfm-local")
     proc = run([exe, "-C", str(SETTINGS), "-c", str(CHECK), "--prefix", str(prefix / "rfm"),
-                "--report-file", str(prefix / "report.json"), "-S", "cpus_per_task=2", "-S", "repeats=1", "-r",
-                "--performance-report"],
+                "--report-file", str(prefix / "report.json"), "-S", "cpus_per_task=2", "-S", "num_tasks_per_node=1",
+                "-S", "repeats=1", "-r", "--performance-report"],
                env=cluster.env(), timeout=RFM_TIMEOUT, check=False)
     return prefix, proc
 
 
 @pytest.mark.distributed
-def test_reframe_runs_both_backends_and_their_parity_at_one_and_two_tasks(local_session):
+def test_reframe_runs_both_backends_and_their_parity_at_one_task(local_session):
     prefix, proc = local_session
     assert proc.returncode == 0, f"reframe exited {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     data, cases = _session(prefix / "report.json")
-    assert data["session_info"]["num_failures"] == 0 and len(cases) == 3 * len(DEFAULT_LAYOUTS)
-    _check_session(cases, prefix / "rfm" / "output", DEFAULT_LAYOUTS)
+    assert data["session_info"]["num_failures"] == 0 and len(cases) == 3 * len(LOCAL_LAYOUTS)
+    _check_session(cases, prefix / "rfm" / "output", LOCAL_LAYOUTS)
     for var in (*PERF_VARS, *PARITY_VARS):  # the performance report names every variable
         assert var in proc.stdout, var
     perflog = (prefix / "rfm" / "perflogs" / "twinbench-local" / "debug" / "TwinbenchCheck.log").read_text()
     lines = perflog.splitlines()
     assert all(f"{var}_value" in lines[0] for var in PERF_VARS)
-    assert len(lines) == 1 + len(BACKENDS) * len(DEFAULT_LAYOUTS) and all(ln.startswith("pass|") for ln in lines[1:])
+    assert len(lines) == 1 + len(BACKENDS) * len(LOCAL_LAYOUTS) and all(ln.startswith("pass|") for ln in lines[1:])
     # the same job everywhere: the job file's hash, as each run's output printed it
     outs = sorted(o for o in (prefix / "rfm" / "output").rglob("rfm_job.out") if "TwinbenchCheck" in str(o))
     hashes = {re.search(r"^\[reframe\] recorded job_hash (\w+)", o.read_text(), re.M).group(1) for o in outs}
-    assert len(outs) == len(BACKENDS) * len(DEFAULT_LAYOUTS) and hashes == {load_job(SMOKE).job_hash}, outs
+    assert len(outs) == len(BACKENDS) * len(LOCAL_LAYOUTS) and hashes == {load_job(SMOKE).job_hash}, outs
 
 
 
