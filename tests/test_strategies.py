@@ -236,7 +236,9 @@ def test_checkpoint_dir_names_a_strategy_other_than_the_default(tmp_path):
 
 def test_a_run_of_another_strategy_never_resumes_its_checkpoint(tmp_path):
     """one_device preempted at step 2 leaves its checkpoint; the default strategy's run of the same job and world
-    size in the same results dir starts from step 0 (and leaves that checkpoint alone); one_device then resumes."""
+    size in the same results dir starts from step 0 (and leaves that checkpoint alone); one_device then resumes.
+    Also one_device's baseline (formerly tests/test_backends.py::test_one_device_baseline): OneDeviceStrategy at
+    world size 1, and it trains."""
     base = [PY, "-m", "backends.native", "--job", SMOKE, "--set", "mode=ctl", "--results", str(tmp_path), "--quiet"]
     first = run([*base, "--strategy", "one_device", "--preempt-check-steps", "1"], check=False, env=signal_env(2))
     assert first.returncode == 75, first.stderr[-3000:]
@@ -251,6 +253,8 @@ def test_a_run_of_another_strategy_never_resumes_its_checkpoint(tmp_path):
     resumed = only_result(tmp_path)
     assert resumed["resumed_from_step"] > 0 and len(resumed["step_losses"]) == resumed["steps"]
     assert not ckpt.exists()  # deleted once its run completed
+    assert resumed["backend_info"]["strategy"] == "OneDeviceStrategy" and resumed["world_size"] == 1
+    assert resumed["step_losses"][-1] < resumed["step_losses"][0]
 
 
 # -- central_storage: one process, variables on the CPU, compute on every local device -------------------------
