@@ -104,23 +104,23 @@ def test_bytes_per_pack_changes_grouping_not_arithmetic(runner):
 
 @pytest.mark.distributed
 def test_horovod_knobs_change_when_gradients_travel_not_what_they_sum(runner):
-    """``--fusion-threshold-mb 1 --cycle-time-ms 2`` repack and retime Horovod's allreduces: at 2 ranks every sum is
-    a + b, exact in any grouping, so the per-step losses must be bit-identical to the run at Horovod's defaults.
-    mlp_hidden=512 makes the first kernel 1.6 MB: above the 1 MiB threshold, it travels alone instead of fused with
-    the rest, so the knob really changes the packing. The record holds the knobs; the job (and hash) is the same."""
-    job = ("--set", "mlp_hidden=512")
-    plain = runner("horovod", *job)
-    tuned = runner("horovod", *job, "--fusion-threshold-mb", "1", "--cycle-time-ms", "2")
+    """``--fusion-threshold-mb 0.125 --cycle-time-ms 2`` repack and retime Horovod's allreduces: at 2 ranks every
+    sum is a + b, exact in any grouping, so the per-step losses must be bit-identical to the run at Horovod's
+    defaults (the smoke job's plain run, which the parity tests share). Its first kernel (784 x 64 float32, 196 KiB)
+    is above the 128 KiB threshold: it travels alone instead of fused with the rest (under 3 KiB), so the knob really
+    changes the packing. The record holds the knobs; the job (and hash) is the same."""
+    plain = runner("horovod")
+    tuned = runner("horovod", "--fusion-threshold-mb", "0.125", "--cycle-time-ms", "2")
     assert tuned["job_hash"] == plain["job_hash"], "knobs are not job keys"
     assert tuned["initial_weights_digest"] == plain["initial_weights_digest"]
     assert tuned["step_losses"] == plain["step_losses"], first_divergence(plain["step_losses"],
                                                                           tuned["step_losses"], 0.0)
     assert tuned["weights_digest"] == plain["weights_digest"]
     t, p = tuned["tuning"], plain["tuning"]
-    assert t["knobs"]["fusion_threshold_bytes"] == 1024 * 1024 and t["knobs"]["cycle_time_ms"] == 2.0
+    assert t["knobs"]["fusion_threshold_bytes"] == 128 * 1024 and t["knobs"]["cycle_time_ms"] == 2.0
     assert t["defaults"]["fusion_threshold_bytes"] == 128 * 1024 * 1024 and t["defaults"]["cycle_time_ms"] == 1.0
-    assert t["variant"] == "fusion 1 MiB, cycle 2 ms"
-    assert t["env"]["HOROVOD_FUSION_THRESHOLD"] == "1048576" and t["env"]["HOROVOD_CYCLE_TIME"] == "2.0"
+    assert t["variant"] == "fusion 0.125 MiB, cycle 2 ms"
+    assert t["env"]["HOROVOD_FUSION_THRESHOLD"] == "131072" and t["env"]["HOROVOD_CYCLE_TIME"] == "2.0"
     assert p["variant"] is None and p["knobs"] == p["defaults"] and "HOROVOD_FUSION_THRESHOLD" not in p["env"]
     assert tuned["collective"]["used"] == plain["collective"]["used"] == "mpi"  # mpirun (the tests' launcher), CPU
     assert tuned["step_losses"][-1] < tuned["step_losses"][0]  # it trained

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests import bn_model
 from tests.conftest import first_divergence
 
 pytestmark = pytest.mark.distributed
@@ -84,13 +85,13 @@ def test_regularisation_counted_once_on_both_backends(runner, mode):
 
 @pytest.mark.parametrize("mode", ["fit", "ctl"])
 def test_batchnorm_model_ends_with_the_same_weights_on_both_backends(runner, mode):
-    """ResNet-20: every replica updates its BatchNorm moving statistics from its own batches. MWMS saves their mean
-    over replicas; Horovod ranks hold their own until the backend averages them, and Horovod's broadcast callback
-    would overwrite them after step 1. Both must save the very same model."""
-    extra = ("--set", f"mode={mode}", "--set", "model=resnet20", "--set", "steps=6")
+    """A BatchNorm model (tests/bn_model.py): every replica updates its BatchNorm moving statistics from its own
+    batches. MWMS saves their mean over replicas; Horovod ranks hold their own until the backend averages them, and
+    Horovod's broadcast callback would overwrite them after step 1. Both must save the very same model."""
+    extra = ("--set", f"mode={mode}", *bn_model.JOB)  # fit's runs serve tests/test_reliability.py's BatchNorm test
     nat = runner("native", *extra)
     hvd = runner("horovod", *extra)
-    assert_same_losses(nat, hvd, f"{mode} resnet20: native vs horovod")
+    assert_same_losses(nat, hvd, f"{mode} BatchNorm model: native vs horovod")
     assert nat["trainable_weights_digest"] == hvd["trainable_weights_digest"]
     assert nat["all_weights_consistent"] and hvd["all_weights_consistent"]
     assert nat["weights_digest"] == hvd["weights_digest"], "BatchNorm moving statistics differ between backends"

@@ -236,7 +236,9 @@ def test_checkpoint_dir_names_a_strategy_other_than_the_default(tmp_path):
 
 def test_a_run_of_another_strategy_never_resumes_its_checkpoint(tmp_path):
     """one_device preempted at step 2 leaves its checkpoint; the default strategy's run of the same job and world
-    size in the same results dir starts from step 0 (and leaves that checkpoint alone); one_device then resumes."""
+    size in the same results dir starts from step 0 (and leaves that checkpoint alone); one_device then resumes.
+    Also one_device's baseline (formerly tests/test_backends.py::test_one_device_baseline): OneDeviceStrategy at
+    world size 1, and it trains."""
     base = [PY, "-m", "backends.native", "--job", SMOKE, "--set", "mode=ctl", "--results", str(tmp_path), "--quiet"]
     first = run([*base, "--strategy", "one_device", "--preempt-check-steps", "1"], check=False, env=signal_env(2))
     assert first.returncode == 75, first.stderr[-3000:]
@@ -251,6 +253,8 @@ def test_a_run_of_another_strategy_never_resumes_its_checkpoint(tmp_path):
     resumed = only_result(tmp_path)
     assert resumed["resumed_from_step"] > 0 and len(resumed["step_losses"]) == resumed["steps"]
     assert not ckpt.exists()  # deleted once its run completed
+    assert resumed["backend_info"]["strategy"] == "OneDeviceStrategy" and resumed["world_size"] == 1
+    assert resumed["step_losses"][-1] < resumed["step_losses"][0]
 
 
 # -- central_storage: one process, variables on the CPU, compute on every local device -------------------------
@@ -324,12 +328,39 @@ def test_parameter_server_one_ps_two_workers(ps_run, runner, mode):
     assert _processes_mentioning(str(out)) == []
 
 
+PS_PREEMPT_MODE = "ctl"  # the mode whose one-worker run is the preempted and resumed one (ps_preempted)
+
+
+@pytest.fixture(scope="module")
+def ps_preempted(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``--strategy parameter_server --ps 1`` with one worker in PS_PREEMPT_MODE, its chief sent SIGTERM after step
+    2, then the same command again, which resumes: {"first": the first run, "checkpoints": what it left,
+    "left_behind": its processes still alive after it, "resumed": the resumed run's record}. Host syncs every 5
+    steps: the chief checks for a preemption there (steps 1, 2, 5, 10, 12; never between 2 and 12 at the default)."""
+    out = tmp_path_factory.mktemp("ps-preempted")
+    cmd = [PY, "-m", "backends.native", "--strategy", "parameter_server", "--ps", "1", "--job", SMOKE, "--set",
+           f"mode={PS_PREEMPT_MODE}", "--set", "sync_every_steps=5", "--results", str(out), "--quiet"]
+    first = run(cmd, check=False, env=signal_env(2))
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir()) if (out / "checkpoints").is_dir() else []
+    left_behind = _processes_mentioning(str(out))
+    if first.returncode == 75:
+        run(cmd)
+    return {"first": first, "checkpoints": checkpoints, "left_behind": left_behind,
+            "resumed": only_result(out) if first.returncode == 75 else None}
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("mode", ["fit", "ctl"])
-def test_parameter_server_with_one_worker_is_the_synchronous_run(ps_run, runner, mode):
+def test_parameter_server_with_one_worker_is_the_synchronous_run(ps_run, ps_preempted, runner, mode):
     """One worker steps in sequence: the loop must then compute exactly the 1-worker synchronous job (a check of
-    its math and its data, not a parity claim about asynchronous training)."""
-    rec, _, _ = ps_run(1, mode)
+    its math and its data, not a parity claim about asynchronous training). In PS_PREEMPT_MODE the run is the
+    preempted and resumed one (ps_preempted): its steps before the preemption and after the resume all equal the
+    synchronous run's, which is the loop's math and the resume's at once (one run instead of two)."""
+    if mode == PS_PREEMPT_MODE:
+        rec = ps_preempted["resumed"]
+        assert rec is not None, ps_preempted["first"].stderr[-3000:]
+    else:
+        rec, _, _ = ps_run(1, mode)
     sync = runner("native", "--set", f"mode={mode}", workers=1)
     assert rec["backend_info"]["num_workers"] == 1 and rec["world_size"] == sync["world_size"] == 1
     assert rec["step_losses"] == sync["step_losses"]
@@ -341,17 +372,15 @@ def test_parameter_server_with_one_worker_is_the_synchronous_run(ps_run, runner,
 
 
 @pytest.mark.distributed
-def test_parameter_server_preempted_chief_checkpoints_and_resumes(ps_run, tmp_path):
+def test_parameter_server_preempted_chief_checkpoints_and_resumes(ps_preempted, runner):
     """SIGTERM: the chief checkpoints (reading the variables from the ps) and exits 75, its servers follow it out;
-    the same command resumes. With one worker the resumed run must end as the uninterrupted one."""
-    cmd = [PY, "-m", "backends.native", "--strategy", "parameter_server", "--ps", "1", "--job", SMOKE, "--set",
-           "mode=ctl", "--set", "sync_every_steps=5", "--results", str(tmp_path), "--quiet"]
-    first = run(cmd, check=False, env=signal_env(2))
+    the same command resumes. With one worker the resumed run must end as the uninterrupted one: the uninterrupted
+    synchronous run, which a one-worker parameter-server run equals (the test above, fit's run uninterrupted)."""
+    first = ps_preempted["first"]
     assert first.returncode == 75, first.stderr[-3000:]
-    assert [p for p in (tmp_path / "checkpoints").iterdir()] and _processes_mentioning(str(tmp_path)) == []
-    run(cmd)
-    rec = only_result(tmp_path)
-    whole, _, _ = ps_run(1, "ctl")
+    assert ps_preempted["checkpoints"] and ps_preempted["left_behind"] == []
+    rec = ps_preempted["resumed"]
+    whole = runner("native", "--set", f"mode={PS_PREEMPT_MODE}", workers=1)
     assert 0 < rec["resumed_from_step"] < rec["steps"]
     assert rec["step_losses"] == whole["step_losses"] and rec["weights_digest"] == whole["weights_digest"]
 
