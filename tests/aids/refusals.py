@@ -11,7 +11,8 @@ which share names such as ``ifpkg`` across temporary directories) are dropped fr
 refusal must end by ``SystemExit`` (``common.core.errors.fail``); a case that ends the process itself
 (``os._exit``, as ``common.core.errors.exit_now`` does after a run) stops the batch, and ``batch`` names that case.
 What TensorFlow keeps per process (its context, thread pools, its configuration) is shared by the cases: a case whose
-refusal depends on a fresh process (TensorFlow not started yet when the case begins) cannot be batched after another.
+refusal depends on a fresh process (TensorFlow started by the user's module before twinbench configured it) needs a
+process of its own, and would leave the process unconfigurable for the cases after it.
 
 ``batch(cases)`` from a test; ``python tests/aids/refusals.py IN OUT`` is the process it starts."""
 
