@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from common.core.errors import EXIT_PREEMPTED
 from common.workload.job import Job, JobError, load_job
 from tests.aids.refusals import batch
-from tests.conftest import BIN, PY, REPO, SMOKE, base_env, first_divergence, only_result, run, signal_env
+from tests.conftest import PY, REPO, SMOKE, backend_cmd, base_env, first_divergence, only_result, run, signal_env
 from tests.test_check import _check as check_command
 
 K3 = ("--set", "keras=3", "--set", "mode=ctl")
@@ -230,22 +231,16 @@ def test_keras3_batchnorm_weight_decay_and_warmup_on_both_backends(runner):
     assert nat["weights_digest"] == hvd["weights_digest"], "BatchNorm moving statistics differ between backends"
 
 
-def _cmd(kind: str, results: Path, *extra: str) -> list[str]:
-    body = ["-m", f"backends.{kind}", "--job", SMOKE, "--results", str(results), "--quiet", *extra]
-    if kind == "native":
-        return [PY, *body[:2], "--nproc", "2", *body[2:]]
-    return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY, *body]
-
-
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind", ["native", "horovod"])
 def test_keras3_preempt_and_resume_gives_identical_weights(runner, tmp_path, kind):
     """The checkpoint holds Keras 3's variables and optimizer state (momentum, iterations): resumed at step 5, the
-    run ends on the very weights and losses of a run never stopped."""
+    run ends on the very weights and losses of a run never stopped. Horovod's ranks by mpirun (``backend_cmd``);
+    preemption under horovodrun is tests/test_reliability.py's."""
     extra = (*K3, "--preempt-check-steps", "1")
-    first = run(_cmd(kind, tmp_path, *extra), check=False, env=signal_env(5))
-    assert first.returncode == (1 if kind == "horovod" else 75), first.stderr[-3000:]
-    run(_cmd(kind, tmp_path, *extra))
+    first = run(backend_cmd(kind, tmp_path, *extra), check=False, env=signal_env(5))
+    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]  # mpirun passes the ranks' status on
+    run(backend_cmd(kind, tmp_path, *extra))
     resumed = only_result(tmp_path)
     straight = runner(kind, *K3)
     assert resumed["resumed_from_step"] == 5
