@@ -25,6 +25,7 @@ from common.core.errors import EXIT_PREEMPTED
 from common.workload import data as data_mod
 from common.workload import inputfn
 from common.workload.job import Job, JobError, load_job
+from tests.aids.refusals import batch
 from tests.conftest import REPO, base_env, only_result, signal_env, user_job
 from tests.test_check import _check as check_command
 from tests.test_usercode import TF_LOG_PREFIXES
@@ -213,14 +214,25 @@ BAD_CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def bad_input(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+    """Every case above in one process (tests/aids/refusals.py: ``backends.native``'s ``__main__`` per case, each
+    with its own job and package; they fail after TensorFlow started, in the ranks), with its results directory."""
+    dirs = {case: tmp_path_factory.mktemp("bad") for case in BAD_CASES}
+    cases = [{"module": "backends.native", "argv": [
+        "--job", str(_job(tmp, **BAD_CASES[case][0], steps="0" if "infinite" in case else "3")),
+        "--results", str(tmp / "results"), "--quiet"]} for case, tmp in dirs.items()]
+    return {case: (got, tmp / "results")
+            for (case, tmp), got in zip(dirs.items(), batch(cases, base_env()), strict=True)}
+
+
 @pytest.mark.parametrize("case", list(BAD_CASES))
-def test_bad_input_function_is_one_line_naming_the_key_and_exit_2(tmp_path, case):
-    keys, key, fragment = BAD_CASES[case]
-    results = tmp_path / "results"
-    proc = _native(_job(tmp_path, **keys, steps="0" if "infinite" in case else "3"), results)
-    ours = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(TF_LOG_PREFIXES)]
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert len(ours) == 1 and "Traceback" not in proc.stderr, ours
+def test_bad_input_function_is_one_line_naming_the_key_and_exit_2(bad_input, case):
+    _, key, fragment = BAD_CASES[case]
+    got, results = bad_input[case]
+    ours = [ln for ln in got["stderr"].splitlines() if ln.strip() and not ln.startswith(TF_LOG_PREFIXES)]
+    assert got["rc"] == 2, got["stderr"][-3000:]
+    assert len(ours) == 1 and "Traceback" not in got["stderr"], ours
     assert ours[0].startswith(f"backends.native: error: {key} = "), ours[0]
     assert fragment in ours[0], ours[0]
     assert not results.exists() or not any(results.iterdir())

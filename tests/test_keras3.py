@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from common.core.errors import EXIT_PREEMPTED
 from common.workload.job import Job, JobError, load_job
 from tests.aids.refusals import batch
-from tests.conftest import BIN, PY, REPO, SMOKE, base_env, first_divergence, only_result, run, signal_env
+from tests.conftest import PY, REPO, SMOKE, backend_cmd, base_env, first_divergence, only_result, run, signal_env
 from tests.test_check import _check as check_command
 
 K3 = ("--set", "keras=3", "--set", "mode=ctl")
@@ -49,14 +50,9 @@ def test_unsupported_keras3_jobs_are_one_line_job_errors(kw, fragment):
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
-def _native(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "backends.native", *args], cwd=REPO, env=env or base_env(), capture_output=True,
-                          text=True, timeout=120)
-
-
-def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    ours = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(TF_LOG_PREFIXES)]
-    assert proc.returncode == 2 and len(ours) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+def _one_error_line(rc: int, stderr: str) -> str:
+    ours = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith(TF_LOG_PREFIXES)]
+    assert rc == 2 and len(ours) == 1 and "Traceback" not in stderr, stderr[-3000:]
     return ours[0]
 
 
@@ -85,20 +81,9 @@ def test_refusals_before_tensorflow_starts(index, refused):
     assert lines[0].startswith("backends.native: error: ") and fragment in lines[0], lines[0]
 
 
-def test_a_model_of_the_other_keras_family_names_the_key(tmp_path):
-    (tmp_path / "k2pkg").mkdir()
-    (tmp_path / "k2pkg" / "__init__.py").write_text("")
-    (tmp_path / "k2pkg" / "m.py").write_text(
-        "def build(input_shape, num_classes):\n    import tensorflow as tf\n"
-        "    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(),"
-        " tf.keras.layers.Dense(num_classes)])\n")
-    job = tmp_path / "job.toml"
-    job.write_text('pythonpath = ["."]\nmodel = "k2pkg.m:build"\nkeras = 3\nmode = "ctl"\nsteps = 2\n')
-    line = _one_error_line(_native("--job", str(job), "--results", str(tmp_path / "r"), "--quiet"))
-    assert "returned a tf_keras (Keras 2) model" in line and "keras = 3" in line, line
-    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
-
-
+K2_MODEL = ("def build(input_shape, num_classes):\n    import tensorflow as tf\n"
+            "    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(),"
+            " tf.keras.layers.Dense(num_classes)])\n")
 MODULE_LEVEL_MODEL = """
 import keras
 
@@ -111,18 +96,53 @@ def build(input_shape, num_classes):
 """
 
 
+def _user_job(tmp: Path, package: str, source: str, lines: str) -> Path:
+    """A package ``package`` (module ``m``, or ``code`` for the optimizer cases) beside a job file with ``lines``."""
+    (tmp / package).mkdir()
+    (tmp / package / "__init__.py").write_text("")
+    (tmp / package / ("code.py" if package == "upkg" else "m.py")).write_text(source)
+    job = tmp / "job.toml"
+    job.write_text(f'pythonpath = ["."]\n{lines}\n')
+    return job
+
+
+def _native_case(tmp: Path, job: Path) -> dict[str, object]:
+    return {"module": "backends.native", "argv": ["--job", str(job), "--results", str(tmp / "r"), "--quiet"]}
+
+
+@pytest.fixture(scope="module")
+def wrong_code(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, object], Path]]:
+    """The refusals of user code below in one process (tests/aids/refusals.py; each case its own package, dropped
+    after it; they fail after TensorFlow started), with each case's results directory. Keras 3 and tf_keras live in
+    one process (common/training/keras3.py), so one batch serves both families."""
+    cases: dict[str, tuple[Path, Path]] = {}
+    tmp = tmp_path_factory.mktemp("other-family")
+    cases["other family"] = (tmp, _user_job(tmp, "k2pkg", K2_MODEL,
+                                            'model = "k2pkg.m:build"\nkeras = 3\nmode = "ctl"\nsteps = 2'))
+    for lines, _ in WRONG_KIND:
+        tmp = tmp_path_factory.mktemp("wrong-kind")
+        cases[lines] = (tmp, _user_job(tmp, "upkg", USER_CODE, f"steps = 2\n{lines}"))
+    got = batch([_native_case(tmp, job) for tmp, job in cases.values()], base_env())
+    return {name: (one, tmp / "r") for (name, (tmp, _)), one in zip(cases.items(), got, strict=True)}
+
+
+def test_a_model_of_the_other_keras_family_names_the_key(wrong_code):
+    got, results = wrong_code["other family"]
+    line = _one_error_line(got["rc"], got["stderr"])
+    assert "returned a tf_keras (Keras 2) model" in line and "keras = 3" in line, line
+    assert not results.exists() or not any(results.iterdir())
+
+
 @pytest.mark.parametrize("kind", ["native", "horovod"])
 def test_a_model_made_at_import_outside_the_scope_is_one_line(tmp_path, kind):
     """A model whose variables are made when its module is imported (outside the strategy's scope, and before
-    twinbench configured TensorFlow) is one line and exit 2 on both backends, with nothing written."""
-    (tmp_path / "opkg").mkdir()
-    (tmp_path / "opkg" / "__init__.py").write_text("")
-    (tmp_path / "opkg" / "m.py").write_text(MODULE_LEVEL_MODEL)
-    job = tmp_path / "job.toml"
-    job.write_text('pythonpath = ["."]\nmodel = "opkg.m:build"\nkeras = 3\nmode = "ctl"\nsteps = 2\n')
+    twinbench configured TensorFlow) is one line and exit 2 on both backends, with nothing written. A process of its
+    own (not the batch above): the refusal is TensorFlow refusing to be configured once the user's module started it,
+    which only a process where nothing started TensorFlow before can show (and no case after it could configure)."""
+    job = _user_job(tmp_path, "opkg", MODULE_LEVEL_MODEL, 'model = "opkg.m:build"\nkeras = 3\nmode = "ctl"\nsteps = 2')
     proc = subprocess.run([PY, "-m", f"backends.{kind}", "--job", str(job), "--results", str(tmp_path / "r"),
                            "--quiet"], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
-    line = _one_error_line(proc)
+    line = _one_error_line(proc.returncode, proc.stderr)
     assert line.startswith(f"backends.{kind}: error: TensorFlow started before twinbench could configure it") \
         and "outside the strategy's scope" in line, line
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
@@ -211,22 +231,16 @@ def test_keras3_batchnorm_weight_decay_and_warmup_on_both_backends(runner):
     assert nat["weights_digest"] == hvd["weights_digest"], "BatchNorm moving statistics differ between backends"
 
 
-def _cmd(kind: str, results: Path, *extra: str) -> list[str]:
-    body = ["-m", f"backends.{kind}", "--job", SMOKE, "--results", str(results), "--quiet", *extra]
-    if kind == "native":
-        return [PY, *body[:2], "--nproc", "2", *body[2:]]
-    return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY, *body]
-
-
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind", ["native", "horovod"])
 def test_keras3_preempt_and_resume_gives_identical_weights(runner, tmp_path, kind):
     """The checkpoint holds Keras 3's variables and optimizer state (momentum, iterations): resumed at step 5, the
-    run ends on the very weights and losses of a run never stopped."""
+    run ends on the very weights and losses of a run never stopped. Horovod's ranks by mpirun (``backend_cmd``);
+    preemption under horovodrun is tests/test_reliability.py's."""
     extra = (*K3, "--preempt-check-steps", "1")
-    first = run(_cmd(kind, tmp_path, *extra), check=False, env=signal_env(5))
-    assert first.returncode == (1 if kind == "horovod" else 75), first.stderr[-3000:]
-    run(_cmd(kind, tmp_path, *extra))
+    first = run(backend_cmd(kind, tmp_path, *extra), check=False, env=signal_env(5))
+    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]  # mpirun passes the ranks' status on
+    run(backend_cmd(kind, tmp_path, *extra))
     resumed = only_result(tmp_path)
     straight = runner(kind, *K3)
     assert resumed["resumed_from_step"] == 5
@@ -344,7 +358,7 @@ def keras3_cosine(learning_rate, decay_steps):
 """
 
 
-@pytest.mark.parametrize("lines, fragment", [
+WRONG_KIND = [
     ('optimizer = "upkg.code:keras3_sgd"', "(a Keras 3 optimizer: set keras = 3 to use it)"),
     ('keras = 3\nmode = "ctl"\noptimizer = "upkg.code:legacy_sgd"', "not a Keras 3 optimizer (keras.optimizers), "
      "but the job has keras = 3"),
@@ -355,16 +369,16 @@ def keras3_cosine(learning_rate, decay_steps):
     ('optimizer = "adam"\noptimizer_args = { nosuch = 1 }', "optimizer_args = {'nosuch': 1} for optimizer = 'adam'"),
     ('lr_schedule = "upkg.code:not_a_schedule"', "returned a builtins.float, not a LearningRateSchedule"),
     ('lr_schedule = "upkg.code:keras3_cosine"', "of tf.keras.optimizers.schedules (tf_keras), the family of keras = 2"),
-])
-def test_an_optimizer_or_schedule_of_the_wrong_kind_is_one_line_naming_the_key(tmp_path, lines, fragment):
-    (tmp_path / "upkg").mkdir()
-    (tmp_path / "upkg" / "__init__.py").write_text("")
-    (tmp_path / "upkg" / "code.py").write_text(USER_CODE)
-    job = tmp_path / "job.toml"
-    job.write_text(f'pythonpath = ["."]\nsteps = 2\n{lines}\n')
-    line = _one_error_line(_native("--job", str(job), "--results", str(tmp_path / "r"), "--quiet"))
+]
+
+
+@pytest.mark.parametrize("lines, fragment", WRONG_KIND)
+def test_an_optimizer_or_schedule_of_the_wrong_kind_is_one_line_naming_the_key(wrong_code, lines, fragment):
+    got, results = wrong_code[lines]
+    line = _one_error_line(got["rc"], got["stderr"])
     assert line.startswith("backends.native: error: ") and fragment in line, line
     assert ("optimizer" in line) or ("lr_schedule" in line)
+    assert not results.exists() or not any(results.iterdir())
 
 
 @pytest.mark.distributed

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from common.workload.job import Job, JobError
+from tests.aids.refusals import batch
 from tests.conftest import REPO, backend_cmd, base_env, first_divergence, only_result, run, user_job
 from tests.test_usercode import TF_LOG_PREFIXES
 
@@ -134,14 +135,24 @@ BAD_CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def bad_input(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+    """Every case above in one process (tests/aids/refusals.py: ``backends.native``'s ``__main__`` per case, each
+    with its own job and package; they fail after TensorFlow started, in the ranks), with its results directory."""
+    dirs = {case: tmp_path_factory.mktemp("bad") for case in BAD_CASES}
+    cases = [{"module": "backends.native", "argv": ["--job", str(_job(tmp, **BAD_CASES[case][0])), "--results",
+                                                    str(tmp / "results"), "--quiet"]} for case, tmp in dirs.items()]
+    return {case: (got, tmp / "results")
+            for (case, tmp), got in zip(dirs.items(), batch(cases, base_env()), strict=True)}
+
+
 @pytest.mark.parametrize("case", list(BAD_CASES))
-def test_bad_input_is_one_line_naming_the_key_and_exit_2(tmp_path, case):
-    keys, fragment = BAD_CASES[case]
-    results = tmp_path / "results"
-    proc = _native(_job(tmp_path, **keys), results)
-    ours = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(TF_LOG_PREFIXES)]
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert len(ours) == 1 and "Traceback" not in proc.stderr, ours
+def test_bad_input_is_one_line_naming_the_key_and_exit_2(bad_input, case):
+    fragment = BAD_CASES[case][1]
+    got, results = bad_input[case]
+    ours = [ln for ln in got["stderr"].splitlines() if ln.strip() and not ln.startswith(TF_LOG_PREFIXES)]
+    assert got["rc"] == 2, got["stderr"][-3000:]
+    assert len(ours) == 1 and "Traceback" not in got["stderr"], ours
     assert ours[0].startswith("backends.native: error: ") and fragment in ours[0], ours[0]
     assert not results.exists() or not any(results.iterdir())
 

@@ -12,10 +12,10 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # legacy Keras 2 before Tenso
 
 import json
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +23,7 @@ import pytest
 from common.workload import data as data_mod
 from common.workload import usercode
 from common.workload.job import DEFAULT_LOSS, Job, JobError, job_from_dict, load_job
+from tests.aids.refusals import batch
 from tests.conftest import REPO, base_env
 
 EXAMPLES = REPO / "examples"
@@ -278,17 +279,25 @@ def _bad_job(tmp: Path, line: str) -> Path:
     return job
 
 
+@pytest.fixture(scope="module")
+def bad_input(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+    """Every case above in one process (tests/aids/refusals.py: ``backends.native``'s ``__main__`` per case, each
+    with its own job and package ``pkg``, dropped between cases), with its results directory."""
+    dirs = {case: tmp_path_factory.mktemp("bad") for case in BAD_CASES}
+    cases = [{"module": "backends.native", "argv": ["--job", str(_bad_job(tmp, BAD_CASES[case][0])), "--results",
+                                                    str(tmp / "results"), "--quiet"]} for case, tmp in dirs.items()]
+    return {case: (got, tmp / "results")
+            for (case, tmp), got in zip(dirs.items(), batch(cases, base_env()), strict=True)}
+
+
 @pytest.mark.parametrize("case", list(BAD_CASES))
-def test_bad_user_code_is_one_line_naming_the_key_and_exit_2(tmp_path, case):
-    line, key, fragment = BAD_CASES[case]
-    job = _bad_job(tmp_path, line)
-    results = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "backends.native", "--job", str(job), "--results", str(results),
-                           "--quiet"], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
-    ours = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(TF_LOG_PREFIXES)]
-    assert proc.returncode == 2, proc.stderr[-3000:]
+def test_bad_user_code_is_one_line_naming_the_key_and_exit_2(bad_input, case):
+    _, key, fragment = BAD_CASES[case]
+    got, results = bad_input[case]
+    ours = [ln for ln in got["stderr"].splitlines() if ln.strip() and not ln.startswith(TF_LOG_PREFIXES)]
+    assert got["rc"] == 2, got["stderr"][-3000:]
     assert len(ours) == 1, ours
-    assert ours[0].startswith("backends.native: error: ") and "Traceback" not in proc.stderr
+    assert ours[0].startswith("backends.native: error: ") and "Traceback" not in got["stderr"]
     assert any(f"{key}{sep}" in ours[0] for sep in (" = ", " entry", " '")) or f"for {key}" in ours[0], ours[0]
     assert fragment in ours[0], ours[0]
     assert not results.exists() or not any(results.iterdir())  # nothing written

@@ -1,8 +1,18 @@
 """Many refusal cases in one started process: each case runs an entry point's ``__main__`` (``runpy``, as ``python -m``
 does) with its own arguments and environment, its stdout and stderr captured, and records its exit status and
 whether TensorFlow was imported by then. One process for a catalogue of bad inputs instead of one each (a process
-start-up is about a second on 2 cores); what a case proves is unchanged: the status, the one line, nothing written,
-and TensorFlow never imported (each case is checked in a process that has not imported it).
+start-up is about a second on 2 cores, one that imports TensorFlow about 3 CPU-seconds); what a case proves is
+unchanged: the status, the one line, nothing written, and (for a refusal before TensorFlow, checked in a process
+that has not imported it yet) TensorFlow never imported.
+
+Cases that fail after TensorFlow is imported share the process too: each case sees its own user package, because the
+modules a case imported from outside the repository and the interpreter's own directories (the user's packages,
+which share names such as ``ifpkg`` across temporary directories) are dropped from ``sys.modules`` after it. Such a
+refusal must end by ``SystemExit`` (``common.core.errors.fail``); a case that ends the process itself
+(``os._exit``, as ``common.core.errors.exit_now`` does after a run) stops the batch, and ``batch`` names that case.
+What TensorFlow keeps per process (its context, thread pools, its configuration) is shared by the cases: a case whose
+refusal depends on a fresh process (TensorFlow started by the user's module before twinbench configured it) needs a
+process of its own, and would leave the process unconfigurable for the cases after it.
 
 ``batch(cases)`` from a test; ``python tests/aids/refusals.py IN OUT`` is the process it starts."""
 
@@ -15,12 +25,13 @@ import os
 import runpy
 import subprocess
 import sys
+import sysconfig
 import traceback
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT = 120  # s for the whole batch: every case stops at its input check, a few ms each
+TIMEOUT = 300  # s for the whole batch: a case stops at its input check, after TensorFlow at most a few seconds each
 
 
 def batch(cases: list[dict[str, Any]], env: dict[str, str]) -> list[dict[str, Any]]:
@@ -33,15 +44,33 @@ def batch(cases: list[dict[str, Any]], env: dict[str, str]) -> list[dict[str, An
         src.write_text(json.dumps(cases))
         proc = subprocess.run([sys.executable, __file__, str(src), str(dst)], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=TIMEOUT)
-        if proc.returncode != 0 or not dst.exists():
-            raise AssertionError(f"the refusal batch exited {proc.returncode}\n{proc.stderr[-4000:]}")
-        return json.loads(dst.read_text())
+        done = json.loads(dst.read_text()) if dst.exists() else []
+        if proc.returncode != 0 or len(done) != len(cases):
+            which = (f"; case {len(done)} ({cases[len(done)]['module']} {' '.join(cases[len(done)]['argv'])}) ended "
+                     "the process itself (os._exit?): it cannot share a process") if len(done) < len(cases) else ""
+            raise AssertionError(f"the refusal batch exited {proc.returncode}{which}\n{proc.stderr[-4000:]}")
+        return done
 
 
-def _one(case: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+def _ours(path: str | None, keep: tuple[str, ...]) -> bool:
+    """Whether a module file (or package directory) lies under the repository or the interpreter's directories."""
+    return path is None or os.path.realpath(path).startswith(keep)
+
+
+def _drop_user_modules(before: set[str], keep: tuple[str, ...]) -> None:
+    """Forget the modules a case imported from elsewhere (the user's packages), so the next case imports its own."""
+    for name in [n for n in sys.modules if n not in before]:
+        module = sys.modules[name]
+        paths = [getattr(module, "__file__", None), *list(getattr(module, "__path__", None) or [])]
+        if not all(_ours(p, keep) for p in paths):
+            del sys.modules[name]
+
+
+def _one(case: dict[str, Any], env: dict[str, str], keep: tuple[str, ...]) -> dict[str, Any]:
     os.environ.clear()
     os.environ.update(case.get("env") or env)
     saved_path = list(sys.path)
+    before = set(sys.modules)
     sys.argv = [case["module"], *case["argv"]]
     out, err = io.StringIO(), io.StringIO()
     rc: Any = 0
@@ -57,6 +86,7 @@ def _one(case: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
         rc = 1
     finally:
         sys.path[:] = saved_path
+        _drop_user_modules(before, keep)
     return {"rc": rc or 0, "stdout": out.getvalue(), "stderr": err.getvalue(),
             "tensorflow": "tensorflow" in sys.modules}
 
@@ -65,7 +95,14 @@ def main() -> None:
     cases = json.loads(Path(sys.argv[1]).read_text())
     dst = Path(sys.argv[2])
     env = dict(os.environ)  # a case without an environment of its own runs in the batch's
-    dst.write_text(json.dumps([_one(c, env) for c in cases]))
+    # what stays imported between cases: the repository, the interpreter's library and its environment's packages
+    keep = tuple({os.path.realpath(p) + os.sep for p in (str(REPO), sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                         *sysconfig.get_paths().values())})
+    done: list[dict[str, Any]] = []
+    for case in cases:
+        done.append(_one(case, env, keep))
+        dst.write_text(json.dumps(done))  # after each case: a case that ends the process is named by ``batch``
+    dst.write_text(json.dumps(done))
 
 
 if __name__ == "__main__":
