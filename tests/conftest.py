@@ -49,16 +49,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """With ``TWINBENCH_TEST_PROC_LOG`` (bench/suite_processes.py), this pytest process's own CPU too: what the
     in-process tests cost beside the processes they start."""
-    directory = os.environ.get("TWINBENCH_TEST_PROC_LOG")
-    if directory:
-        import resource
+    from tests.aids import proclog
 
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        line = {"pid": os.getpid(), "ppid": os.getppid(), "argv": ["pytest", worker], "t0": 0.0, "wall": 0.0,
-                "cpu": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024, "tf": "tensorflow" in sys.modules,
-                "test": f"(pytest {worker})"}
-        Path(directory, f"{os.getpid()}.json").write_text(json.dumps(line) + "\n")
+    if os.environ.get(proclog.ENV):
+        proclog.write(os.environ[proclog.ENV], f"(pytest {os.environ.get('PYTEST_XDIST_WORKER', 'main')})")
 
 
 def skip_or_fail(reason: str) -> None:

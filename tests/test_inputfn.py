@@ -25,7 +25,7 @@ from common.core.errors import EXIT_PREEMPTED
 from common.workload import data as data_mod
 from common.workload import inputfn
 from common.workload.job import Job, JobError, load_job
-from tests.aids.refusals import batch
+from tests.aids.refusals import refuse_jobs
 from tests.conftest import REPO, base_env, only_result, signal_env, user_job
 from tests.test_check import _check as check_command
 from tests.test_usercode import TF_LOG_PREFIXES
@@ -218,12 +218,8 @@ BAD_CASES = {
 def bad_input(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
     """Every case above in one process (tests/aids/refusals.py: ``backends.native``'s ``__main__`` per case, each
     with its own job and package; they fail after TensorFlow started, in the ranks), with its results directory."""
-    dirs = {case: tmp_path_factory.mktemp("bad") for case in BAD_CASES}
-    cases = [{"module": "backends.native", "argv": [
-        "--job", str(_job(tmp, **BAD_CASES[case][0], steps="0" if "infinite" in case else "3")),
-        "--results", str(tmp / "results"), "--quiet"]} for case, tmp in dirs.items()]
-    return {case: (got, tmp / "results")
-            for (case, tmp), got in zip(dirs.items(), batch(cases, base_env()), strict=True)}
+    return refuse_jobs({case: _job(tmp_path_factory.mktemp("bad"), **keys, steps="0" if "infinite" in case else "3")
+                        for case, (keys, _, _) in BAD_CASES.items()}, base_env())
 
 
 @pytest.mark.parametrize("case", list(BAD_CASES))

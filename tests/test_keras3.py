@@ -21,7 +21,7 @@ import pytest
 
 from common.core.errors import EXIT_PREEMPTED
 from common.workload.job import Job, JobError, load_job
-from tests.aids.refusals import batch
+from tests.aids.refusals import batch, refuse_jobs
 from tests.conftest import PY, REPO, SMOKE, backend_cmd, base_env, first_divergence, only_result, run, signal_env
 from tests.test_check import _check as check_command
 
@@ -106,24 +106,16 @@ def _user_job(tmp: Path, package: str, source: str, lines: str) -> Path:
     return job
 
 
-def _native_case(tmp: Path, job: Path) -> dict[str, object]:
-    return {"module": "backends.native", "argv": ["--job", str(job), "--results", str(tmp / "r"), "--quiet"]}
-
-
 @pytest.fixture(scope="module")
 def wrong_code(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, object], Path]]:
     """The refusals of user code below in one process (tests/aids/refusals.py; each case its own package, dropped
     after it; they fail after TensorFlow started), with each case's results directory. Keras 3 and tf_keras live in
     one process (common/training/keras3.py), so one batch serves both families."""
-    cases: dict[str, tuple[Path, Path]] = {}
-    tmp = tmp_path_factory.mktemp("other-family")
-    cases["other family"] = (tmp, _user_job(tmp, "k2pkg", K2_MODEL,
-                                            'model = "k2pkg.m:build"\nkeras = 3\nmode = "ctl"\nsteps = 2'))
+    jobs = {"other family": _user_job(tmp_path_factory.mktemp("other-family"), "k2pkg", K2_MODEL,
+                                      'model = "k2pkg.m:build"\nkeras = 3\nmode = "ctl"\nsteps = 2')}
     for lines, _ in WRONG_KIND:
-        tmp = tmp_path_factory.mktemp("wrong-kind")
-        cases[lines] = (tmp, _user_job(tmp, "upkg", USER_CODE, f"steps = 2\n{lines}"))
-    got = batch([_native_case(tmp, job) for tmp, job in cases.values()], base_env())
-    return {name: (one, tmp / "r") for (name, (tmp, _)), one in zip(cases.items(), got, strict=True)}
+        jobs[lines] = _user_job(tmp_path_factory.mktemp("wrong-kind"), "upkg", USER_CODE, f"steps = 2\n{lines}")
+    return refuse_jobs(jobs, base_env())
 
 
 def test_a_model_of_the_other_keras_family_names_the_key(wrong_code):

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from common.workload.job import Job, JobError
-from tests.aids.refusals import batch
+from tests.aids.refusals import refuse_jobs
 from tests.conftest import REPO, backend_cmd, base_env, first_divergence, only_result, run, user_job
 from tests.test_usercode import TF_LOG_PREFIXES
 
@@ -139,11 +139,8 @@ BAD_CASES = {
 def bad_input(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
     """Every case above in one process (tests/aids/refusals.py: ``backends.native``'s ``__main__`` per case, each
     with its own job and package; they fail after TensorFlow started, in the ranks), with its results directory."""
-    dirs = {case: tmp_path_factory.mktemp("bad") for case in BAD_CASES}
-    cases = [{"module": "backends.native", "argv": ["--job", str(_job(tmp, **BAD_CASES[case][0])), "--results",
-                                                    str(tmp / "results"), "--quiet"]} for case, tmp in dirs.items()]
-    return {case: (got, tmp / "results")
-            for (case, tmp), got in zip(dirs.items(), batch(cases, base_env()), strict=True)}
+    return refuse_jobs({case: _job(tmp_path_factory.mktemp("bad"), **keys) for case, (keys, _) in BAD_CASES.items()},
+                       base_env())
 
 
 @pytest.mark.parametrize("case", list(BAD_CASES))

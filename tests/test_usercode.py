@@ -23,7 +23,7 @@ import pytest
 from common.workload import data as data_mod
 from common.workload import usercode
 from common.workload.job import DEFAULT_LOSS, Job, JobError, job_from_dict, load_job
-from tests.aids.refusals import batch
+from tests.aids.refusals import refuse_jobs
 from tests.conftest import REPO, base_env
 
 EXAMPLES = REPO / "examples"
@@ -283,11 +283,8 @@ def _bad_job(tmp: Path, line: str) -> Path:
 def bad_input(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
     """Every case above in one process (tests/aids/refusals.py: ``backends.native``'s ``__main__`` per case, each
     with its own job and package ``pkg``, dropped between cases), with its results directory."""
-    dirs = {case: tmp_path_factory.mktemp("bad") for case in BAD_CASES}
-    cases = [{"module": "backends.native", "argv": ["--job", str(_bad_job(tmp, BAD_CASES[case][0])), "--results",
-                                                    str(tmp / "results"), "--quiet"]} for case, tmp in dirs.items()]
-    return {case: (got, tmp / "results")
-            for (case, tmp), got in zip(dirs.items(), batch(cases, base_env()), strict=True)}
+    return refuse_jobs({case: _bad_job(tmp_path_factory.mktemp("bad"), line)
+                        for case, (line, _, _) in BAD_CASES.items()}, base_env())
 
 
 @pytest.mark.parametrize("case", list(BAD_CASES))

@@ -14,7 +14,8 @@ What TensorFlow keeps per process (its context, thread pools, its configuration)
 refusal depends on a fresh process (TensorFlow started by the user's module before twinbench configured it) needs a
 process of its own, and would leave the process unconfigurable for the cases after it.
 
-``batch(cases)`` from a test; ``python tests/aids/refusals.py IN OUT`` is the process it starts."""
+``batch(cases)`` or ``refuse_jobs(jobs)`` from a test; ``python tests/aids/refusals.py IN OUT`` is the process it
+starts."""
 
 from __future__ import annotations
 
@@ -50,6 +51,16 @@ def batch(cases: list[dict[str, Any]], env: dict[str, str]) -> list[dict[str, An
                      "the process itself (os._exit?): it cannot share a process") if len(done) < len(cases) else ""
             raise AssertionError(f"the refusal batch exited {proc.returncode}{which}\n{proc.stderr[-4000:]}")
         return done
+
+
+def refuse_jobs(jobs: dict[str, Path], env: dict[str, str]) -> dict[str, tuple[dict[str, Any], Path]]:
+    """``backends.native --job JOB --results <JOB's directory>/results --quiet`` for each named job, all in one batch:
+    per name, its case's outcome (as ``batch``'s) and that results directory, which a refusal leaves absent or empty.
+    Each job should sit in a directory of its own (its user package beside it)."""
+    cases = [{"module": "backends.native", "argv": ["--job", str(job), "--results", str(job.parent / "results"),
+                                                    "--quiet"]} for job in jobs.values()]
+    return {name: (got, job.parent / "results") for (name, job), got in zip(jobs.items(), batch(cases, env),
+                                                                                 strict=True)}
 
 
 def _ours(path: str | None, keep: tuple[str, ...]) -> bool:

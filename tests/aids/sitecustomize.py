@@ -3,7 +3,8 @@
 as that module is imported; with none set it does nothing:
 - ``TWINBENCH_TEST_SIGNAL_AT_STEP``: ``signal_aid.patch`` on ``common.training.loops.StepHooks``;
 - ``TWINBENCH_TEST_PAUSE_BETWEEN_STEPS``: ``pause_aid.patch`` on ``common.training.loops.StepHooks``;
-- ``TWINBENCH_TEST_SLOW_INPUT``: ``slow_input_aid.patch`` on ``common.training.train``."""
+- ``TWINBENCH_TEST_SLOW_INPUT``: ``slow_input_aid.patch`` on ``common.training.train``;
+- ``TWINBENCH_TEST_PROC_LOG``: ``proclog.install``, the process's line at exit (bench/suite_processes.py)."""
 
 from __future__ import annotations
 
@@ -64,33 +65,5 @@ if _SLOW > 0:
 if _PATCHES:
     sys.meta_path.insert(0, _PatchOnImport(_PATCHES))
 
-# ``TWINBENCH_TEST_PROC_LOG=DIR``: each process appends one JSON line at exit to DIR/<pid>.json (what started it, which
-# test, wall and CPU seconds, whether it imported TensorFlow): the suite's cost by process (bench/suite_processes.py).
-_PROC_LOG = os.environ.get("TWINBENCH_TEST_PROC_LOG")
-if _PROC_LOG:
-    import atexit
-    import json
-    import resource
-    import time
-
-    _T0 = time.time()
-
-    def _log_process() -> None:
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        line = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[:8], "t0": _T0,
-                "wall": time.time() - _T0, "cpu": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024,
-                "tf": "tensorflow" in sys.modules, "test": os.environ.get("PYTEST_CURRENT_TEST", "")}
-        try:
-            with open(os.path.join(_PROC_LOG, f"{os.getpid()}.json"), "w") as f:
-                f.write(json.dumps(line) + "\n")
-        except OSError:
-            pass
-
-    atexit.register(_log_process)
-    _os_exit = os._exit
-
-    def _exit_logged(code: int) -> None:  # common.core.errors.exit_now ends a run without the atexit hooks
-        _log_process()
-        _os_exit(code)
-
-    os._exit = _exit_logged
+if os.environ.get("TWINBENCH_TEST_PROC_LOG"):
+    _aid("proclog").install(os.environ["TWINBENCH_TEST_PROC_LOG"])
