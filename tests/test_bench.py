@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import overhead, plain_loops
+from bench import overhead, plain_loops, suite_processes
 from common.core import registry
 from common.diagnostics.allreduce import bus_factor, parse_sizes
-from tests.conftest import BIN, PY, run
+from tests.conftest import BIN, PY, base_env, run
 
 # The regular expressions nccl-tests parsers use on all_reduce_perf's output: a table row (size, count, float sum,
 # root -1, out-of-place time, algbw, busbw, #wrong), and CSCS's ReFrame check (cscs-reframe-tests xccl_tests.py).
@@ -173,3 +173,17 @@ def test_plain_keras3_horovod_loop_two_ranks_and_the_families_benchmark():
     assert all(0.1 < r < 10 for r in ratios.values()), ratios
     bad = run([PY, "-m", "bench.keras_families", "--repeats", "0"], check=False)
     assert bad.returncode == 2 and "need --repeats >= 1" in bad.stderr
+
+
+def test_every_started_process_logs_its_cpu_also_when_it_ends_by_os_exit(tmp_path):
+    """TWINBENCH_TEST_PROC_LOG (tests/aids/proclog.py): a process the tests start writes its line at a normal exit and
+    at ``os._exit`` (how a run ends, common.core.errors.exit_now), naming the test that started it and the CPU it
+    burnt; bench.suite_processes sums them per test."""
+    env = {**base_env(), "TWINBENCH_TEST_PROC_LOG": str(tmp_path), "PYTEST_CURRENT_TEST": "tests/t.py::burn (call)"}
+    burn = "import os, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    run([PY, "-c", burn], env=env)
+    run([PY, "-c", burn + "os._exit(0)"], env=env)
+    lines = suite_processes.load(tmp_path)
+    assert len(lines) == 2 and all(suite_processes.test_of(ln) == "tests/t.py::burn" for ln in lines), lines
+    assert all(0.3 <= ln["cpu"] < 10 and not ln["tf"] for ln in lines), lines
+    assert "tests/t.py::burn      2         0 " in suite_processes.table(lines, suite_processes.test_of, 5)
