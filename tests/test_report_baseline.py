@@ -148,3 +148,21 @@ def test_identical_only_when_nothing_recorded_differs(tmp_path: Path, capsys: An
         in out[-1]
     code, out, _ = run([str(new), "--baseline", str(old), "--no-plots"], capsys)
     assert not any(x.startswith("Not in the records") and "twinbench's own version" in x for x in out)
+
+
+def test_a_backends_own_knobs_are_named_on_that_backend_only(tmp_path: Path, capsys: Any) -> None:
+    """Issue 47: a sweep that exports HOROVOD_CYCLE_TIME=10 for every backend puts it in native's recorded
+    environment too; native never reads it, so the baseline names it on horovod only (a variable no backend's name
+    claims, NCCL_*, stays a stack fact of every backend)."""
+    old = tuned(tmp_path / "old", 5)
+    new = tuned(tmp_path / "new", 10)
+    for side, env in ((old, {}), (new, {"HOROVOD_CYCLE_TIME": "10", "NCCL_SOCKET_IFNAME": "eth0"})):
+        for p in side.glob("*-native-*.json"):
+            d = json.loads(p.read_text())
+            d["tuning"] = {"knobs": {}, "defaults": {}, "variant": None, "env": env}
+            p.write_text(json.dumps(d))
+    code, out, _ = run([str(new), "--baseline", str(old), "--no-plots", "-q"], capsys)
+    assert code == 0  # the same throughput: only the stacks differ
+    assert "horovod environment HOROVOD_CYCLE_TIME unset -> 10" in out[-1]
+    assert "native environment HOROVOD_CYCLE_TIME" not in out[-1]
+    assert "native environment NCCL_SOCKET_IFNAME unset -> eth0" in out[-1]

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.cluster.machine import section
+from common.core import registry
 from common.core.results import RunRecord
 from common.report.base import NA, fmt_value
 from common.report.converge import parse_width, percent
@@ -128,7 +129,8 @@ def compare_cells(new: Sequence[JobSummary], old: Sequence[JobSummary], toleranc
 def stack_facts(runs: Sequence[RunRecord], env_names: Iterable[str] = ()) -> dict[str, set[str]]:
     """What a set of runs says of its software stack, tuning and hardware: every ``versions`` key (python,
     tensorflow, tf_keras, horovod, its patch, numpy, and whatever else the record keeps there), each backend's tuning
-    knobs and the tuning environment the ranks saw (``tuning``: ``env_names`` a run did not see are "unset"), what
+    knobs and the tuning environment the ranks saw (``tuning``: ``env_names`` a run did not see are "unset"; a
+    variable named for another backend, ``env_owner``, is left out of a run's facts), what
     TF was built for, NCCL, MPI, GPU driver, CPU and GPU models."""
     out: dict[str, set[str]] = {k: set(v) for k, v in versions_by_key(runs).items()}
     for r in runs:
@@ -137,7 +139,7 @@ def stack_facts(runs: Sequence[RunRecord], env_names: Iterable[str] = ()) -> dic
             for knob, value in (t.get("knobs") or {}).items():
                 out.setdefault(f"{r.backend} {knob}", set()).add(fmt_value(value))
             env = t.get("env") or {}
-            for name in env_names:
+            for name in (n for n in env_names if env_owner(n) in (None, r.backend)):
                 out.setdefault(f"{r.backend} environment {name}", set()).add(str(env.get(name, "unset")))
         m = r.machine if isinstance(r.machine, Mapping) else None
         if m is None:
@@ -152,6 +154,13 @@ def stack_facts(runs: Sequence[RunRecord], env_names: Iterable[str] = ()) -> dic
         out.setdefault("CPU model", set()).update(map(str, m.get("distinct_cpu_models") or ()))
         out.setdefault("GPU model", set()).update(map(str, m.get("distinct_gpu_models") or ["no GPU"]))
     return out
+
+
+def env_owner(name: str) -> str | None:
+    """The backend an environment variable tunes when its name says so (``HOROVOD_*``: the backend named horovod),
+    else None (NCCL_*, TF_*...: any backend may read it). Another backend's variable is not a stack fact of a run:
+    its ranks may see it (an exported sweep environment) but never read it."""
+    return next((b for b in registry.names() if name.startswith(f"{b.upper()}_")), None)
 
 
 def _env_names(runs: Sequence[RunRecord]) -> set[str]:
