@@ -14,6 +14,7 @@ from common.report.stats import paired_ratio_interval, ratio_interval
 from common.report.summary import summarize
 from common.report.verdict import job_verdicts
 from tests.test_report import make_run, put
+from tests.test_report_verdict import KEPT_UP
 
 TRUE_RATIO = 1.03  # horovod / native in the simulations and the fixture
 
@@ -26,7 +27,8 @@ def sweep_set(d: Path, *, same_nodes: bool = True, rounds: int = 6) -> Path:
         for i, (backend, base) in enumerate((("native", 100.0), ("horovod", 100.0 * TRUE_RATIO))):
             base *= 1 + 0.002 * ((3 * k + 2 * i) % 5 - 2)  # a run's own noise, +-0.4%
             nodes = "node[1-2]" if same_nodes or backend == "native" else "node[3-4]"
-            rec = make_run(backend, 2, base * f, run_id=f"{backend}-r{k}", hosts=["n0", "n0"], nodelist=nodes)
+            rec = make_run(backend, 2, base * f, run_id=f"{backend}-r{k}", hosts=["n0", "n0"], nodelist=nodes,
+                           input=KEPT_UP)
             put(d / f"{backend}-1x2-r{k}", rec)
     return d
 

@@ -9,11 +9,16 @@ from common.cluster import machine
 from common.report.build import ReportOptions, build_report
 from common.report.summary import summarize
 from common.report.verdict import job_verdicts, verdict_lines
+from common.workload.job import Job
 from tests.test_report import make_run, put
+
+KEPT_UP = {"method": "gap", "wait_fraction": 0.01, "kept_up": True}  # fit's input wait below the kept-up line
 
 
 def cell(backend: str, ws: int, base: float, n: int = 6, **kw: Any) -> list[dict[str, Any]]:
-    """``n`` repeats around ``base`` images/s (spread +-1.25%), one node of ``ws`` ranks."""
+    """``n`` repeats around ``base`` images/s (spread +-1.25%), one node of ``ws`` ranks, input kept up unless
+    ``input`` says otherwise."""
+    kw.setdefault("input", KEPT_UP)
     return [make_run(backend, ws, base * (1 + (i - (n - 1) / 2) * 0.005), run_id=f"{backend}-{ws}-{base}-{i}",
                      hosts=["n0"] * ws, **kw) for i in range(n)]
 
@@ -86,7 +91,8 @@ def test_verdict_opens_report_md_and_html_and_ends_the_printed_output(tmp_path: 
     assert "<li>1 node x 2 ranks: native is 12% faster than horovod [" in html
     assert main([str(d), "--no-plots"]) == 0
     out = capsys.readouterr().out.rstrip().splitlines()
-    assert out[-1].startswith("  1 node x 2 ranks: native is 12% faster") and out[-3].startswith("small (")
+    assert out[-2].startswith("  1 node x 2 ranks: native is 12% faster") and out[-4].startswith("small (")
+    assert out[-1].startswith("  CPUs only (every run's devices: cpu)")  # what the verdict cannot tell, last
     lone = verdict_lines(summarize(cell("native", 1, 1.0, n=1)))
     assert lone == ["small (90b23b6c798ed8f6), horovod vs native:", "  1 node x 1 rank: only native ran, no comparison"]
 
@@ -142,3 +148,78 @@ def test_backends_on_different_nccl_networks_carry_a_caveat() -> None:
            "different networks" in two.text, two.text
     (s,) = summarize(cell("native", 2, 100.0) + cell("horovod", 2, 100.0, nccl_transport=[sock, sock]))
     assert "NCCL" not in job_verdicts(s)[0].text  # no finding on one side: nothing to compare
+
+
+def test_slower_with_more_workers_is_contention_and_a_collective_by_size_is_named() -> None:
+    """Issue 48.5's report: both backends slower at 2 ranks than at 1 (native 0.51x, horovod 0.67x), Horovod's
+    collective mpi at 1 rank and gloo at 2. The 2-rank verdict says it measures contention, not scaling, with each
+    slowdown's interval; the ratio table's like-for-like cell names the collectives by size."""
+    from common.report.document import ratio_table
+    from common.report.verdict import like_for_like
+
+    runs = cell("native", 1, 200.0, collective={"used": "ring"}) + cell("native", 2, 102.0, collective={"used": "ring"})
+    runs += cell("horovod", 1, 200.0, collective={"used": "mpi"}) + cell("horovod", 2, 134.0,
+                                                                          collective={"used": "gloo"})
+    (s,) = summarize(runs)
+    one, two = job_verdicts(s)
+    assert "contention" not in one.text
+    assert "Caveats: both backends slower with more workers (native 0.51x [" in two.text, two.text
+    assert "] of 1 replica; horovod 0.67x [" in two.text
+    assert "of 1 replica, its collective mpi at 1 replica, gloo at 2): at this size the comparison measures " \
+           "contention, not scaling" in two.text
+    assert [like_for_like(s, q) for q in s.ratios] == ["yes (horovod collective mpi at 1 replica, gloo at 2)"] * 2
+    assert ratio_table(s).body[1][-1] == "yes (horovod collective mpi at 1 replica, gloo at 2)"
+    # one backend only, and within noise none: no claim
+    (s,) = summarize(cell("native", 1, 200.0) + cell("native", 2, 102.0) + cell("horovod", 1, 200.0)
+                     + cell("horovod", 2, 390.0))
+    assert "native slower with more workers (native 0.51x [" in job_verdicts(s)[1].text
+    (s,) = summarize(cell("native", 1, 200.0) + cell("native", 2, 199.0) + cell("horovod", 1, 200.0)
+                     + cell("horovod", 2, 390.0))
+    assert "contention" not in job_verdicts(s)[1].text
+    # fewer than 6 runs: only ranges that do not overlap say it
+    (s,) = summarize(cell("native", 1, 200.0, n=3) + cell("native", 2, 150.0, n=3) + cell("horovod", 1, 200.0, n=3)
+                     + cell("horovod", 2, 199.0, n=3))
+    assert "native slower with more workers (native 0.75x (ranges apart) of 1 replica)" in job_verdicts(s)[1].text
+
+
+def test_cpu_runs_say_the_ratio_does_not_carry_to_gpus_in_a_line_of_their_own() -> None:
+    """Every run's devices a CPU: a line of its own after the layouts' (report.md and the printed lines); a GPU run
+    in the job, or records without devices, make no such claim."""
+    from common.report.document import verdict_section
+
+    runs = cell("native", 2, 100.0, collective={"used": "ring"}) + cell("horovod", 2, 132.0,
+                                                                         collective={"used": "gloo"})
+    (s,) = summarize(runs)
+    cpu = ("CPUs only (every run's devices: cpu; collectives native ring, horovod gloo): this says which backend was "
+           "faster on this machine's cores; it does not carry to GPUs, where the gradients go through NCCL")
+    assert verdict_lines([s])[-1] == f"  {cpu}"
+    assert "horovod is 32% faster than native" in verdict_lines([s])[-2] and "CPUs" not in verdict_lines([s])[-2]
+    bullets = next(b for b in verdict_section([s]).blocks if hasattr(b, "items"))
+    assert bullets.items[-1] == cpu
+    gpu = runs[:-1] + [{**runs[-1], "devices": ["/physical_device:GPU:0"] * 2}]
+    (s,) = summarize(gpu)
+    assert not any("CPUs only" in x for x in verdict_lines([s]))
+    (s,) = summarize([{**r, "devices": None} for r in runs])
+    assert not any("CPUs only" in x for x in verdict_lines([s]))
+
+
+def test_fit_input_wait_is_shown_as_an_upper_bound_or_said_not_measured() -> None:
+    """Fit's input figure is the time between steps (input + Keras' host work): never called input-bound, shown as
+    "input wait <= X% (upper bound, fit)" when not below the kept-up line; a fit row with no input figure says it was
+    not measured; the custom loop's fetch keeps its input-bound words."""
+    gap = {"method": "gap", "wait_fraction": 0.45, "kept_up": None, "input_bound": None}
+    (s,) = summarize(cell("native", 2, 100.0, input=gap) + cell("horovod", 2, 100.2))
+    (v,) = job_verdicts(s)
+    assert v.text.endswith("Caveats: native input wait <= 45% (upper bound, fit)"), v.text
+    (s,) = summarize(cell("native", 2, 100.0, input={"method": None, "reason": "r"}) + cell("horovod", 2, 100.2,
+                                                                                            input=None))
+    (v,) = job_verdicts(s)
+    assert v.text.endswith("Caveats: input wait not measured (native and horovod, fit): whether the input kept up "
+                           "is unknown"), v.text
+    (s,) = summarize(cell("native", 2, 100.0) + cell("horovod", 2, 100.2))  # fit below 5%: kept up, no caveat
+    assert "Caveats" not in job_verdicts(s)[0].text
+    ctl = Job(name="small", per_replica_batch_size=16, steps=12, mode="ctl")
+    fetch = {"method": "fetch", "wait_fraction": 0.3, "kept_up": False, "input_bound": "highly"}
+    (s,) = summarize(cell("native", 2, 100.0, job=ctl, input=fetch) + cell("horovod", 2, 100.2, job=ctl, input=None))
+    (v,) = job_verdicts(s)
+    assert v.text.endswith("Caveats: native highly input-bound"), v.text  # ctl without a figure: no fit claim

@@ -23,7 +23,6 @@ from common.report.rows import (
     RATIO_NUM,
     TTT_METHOD,
     JobSummary,
-    RatioRow,
     Row,
     input_text,
     memory_text,
@@ -32,7 +31,7 @@ from common.report.rows import (
     validation_names,
 )
 from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS
-from common.report.verdict import VERDICT_NOTE, best_ratios, best_rows, job_verdicts, verdict_title
+from common.report.verdict import VERDICT_NOTE, best_ratios, best_rows, like_for_like, verdict_texts, verdict_title
 
 
 # -- the blocks --------------------------------------------------------------------------------------------------
@@ -226,12 +225,6 @@ def ratio_text(ratio: float | None, ci: tuple[float, float] | None) -> str:
     return f"{ratio:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{ratio:.3f} ({NEEDS_RUNS})"
 
 
-def _like_for_like(q: RatioRow) -> str:
-    if q.caveat:
-        return f"no: {q.caveat}"
-    return "yes" if q.ratio is not None and q.den_collective and q.num_collective else NA
-
-
 def ratio_table(summary: JobSummary) -> Table:
     """registry.RATIO per world size (and layout)."""
     header: tuple[str, ...] = (
@@ -242,7 +235,7 @@ def ratio_table(summary: JobSummary) -> Table:
              ratio_text(q.ratio, q.ratio_ci),
              f"{q.den_workers if q.den_workers is not None else NA} / "
              f"{q.num_workers if q.num_workers is not None else NA}",
-             f"{q.den_collective or NA} / {q.num_collective or NA}", _like_for_like(q)] for q in summary.ratios]
+             f"{q.den_collective or NA} / {q.num_collective or NA}", like_for_like(summary, q)] for q in summary.ratios]
     if any(q.same_nodes for q in summary.ratios):  # runs that recorded their nodes: did a round's pair share them
         header += ("same nodes",)
         body = [[*b, f"{q.same_nodes or NA}{' (paired)' if q.paired else ''}"] for b, q in zip(body, summary.ratios)]
@@ -472,7 +465,7 @@ def verdict_section(summaries: Sequence[JobSummary]) -> Box:
     """The report's first section: per job, one verdict line per layout (common.report.verdict)."""
     blocks: list[Block] = [Heading("Verdict", 2)]
     for s in summaries:
-        lines = [md_escape(v.text) for v in job_verdicts(s)] or ["no runs of both backends to compare"]
+        lines = [md_escape(t) for t in verdict_texts(s)] or ["no runs of both backends to compare"]
         blocks += [Para(verdict_title(s)), Bullets(tuple(lines))]
     return Box("verdict", (*blocks, Para(VERDICT_NOTE, note=True)))
 

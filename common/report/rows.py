@@ -340,6 +340,13 @@ def gpu_run(run: RunRecord) -> bool:
     return isinstance(run.devices, list) and any(_GPU.search(str(d)) for d in run.devices)
 
 
+def cpu_run(run: RunRecord) -> bool:
+    """Every rank of the run recorded a CPU as its device ("cpu", "cpu (CUDA_VISIBLE_DEVICES=0)"); False when the
+    record names no devices."""
+    devs = run.devices if isinstance(run.devices, list) else []
+    return bool(devs) and all(str(d).lower().startswith(("cpu", "/physical_device:cpu", "/cpu")) for d in devs)
+
+
 def input_text(row: Row) -> str:
     """The row's input-wait cell, e.g. "0.4% kept up", "23% highly input-bound", "48% input + between steps"."""
     i = row.input

@@ -17,12 +17,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.cluster import nccl
-from common.report.base import in_unit, md_escape, plain
+from common.report.base import NA, in_unit, md_escape, plain
 from common.report.machines import binding_mix
-from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row, memory_text, order_backends
-from common.report.stats import MIN_CI_RUNS, NEEDS_RUNS
+from common.report.rows import (
+    RATIO_DEN,
+    RATIO_NUM,
+    JobSummary,
+    RatioRow,
+    Row,
+    cpu_run,
+    gpu_run,
+    memory_text,
+    order_backends,
+)
+from common.report.stats import MIN_CI_RUNS, NEEDS_RUNS, ratio_interval
 
 INPUT_BOUND = ("moderately input-bound", "highly input-bound")
+NOT_MEASURED = "input wait not measured"  # input_caveat's answer for a fit row whose records hold no input wait
 
 
 @dataclass(frozen=True)
@@ -102,14 +113,107 @@ def beside(d: Row, n: Row) -> list[str]:
     return out
 
 
+def _share(x: float) -> str:
+    p = 100 * x
+    return f"{p:.0f}%" if p >= 10 else f"{p:.1f}%"
+
+
+def input_caveat(s: JobSummary, r: Row) -> str | None:
+    """The row's input caveat: input-bound (the custom loop's fetch, a measure of the wait itself); for Keras fit,
+    whose figure holds the host's work between steps too (common.training.inputwait, "gap"), only its upper bound,
+    labelled so, when it is not below the kept-up line; for fit rows that recorded none, that it was not measured."""
+    b, i = r.identity.backend, r.input
+    if i.verdict in INPUT_BOUND:
+        return f"{b} {i.verdict}"
+    if i.method == "gap" and i.fraction is not None and i.verdict != "kept up":
+        return f"{b} input wait <= {_share(i.fraction)} (upper bound, fit)"
+    if i.method is None and s.job.get("mode") == "fit":
+        return NOT_MEASURED
+    return None
+
+
+def _smaller(s: JobSummary, row: Row) -> Row | None:
+    """The row of the same series (backend label and hardware) at the next smaller world size (on the same node
+    count when there is one), or None."""
+    below = [r for r in s.rows if r.identity.series == row.identity.series
+             and r.identity.world_size < row.identity.world_size]
+    if not below:
+        return None
+    ws = max(r.identity.world_size for r in below)
+    at = [r for r in below if r.identity.world_size == ws]
+    return next((r for r in at if r.layout_counts[0] == row.layout_counts[0]), at[0])
+
+
+def collectives_by_size(s: JobSummary, row: Row) -> str | None:
+    """"mpi at 1 replica, gloo at 2" when the row's series used different collectives at different sizes, else None."""
+    sizes: dict[int, str] = {}
+    for r in sorted(s.rows, key=lambda r: r.identity.world_size):
+        if r.identity.series == row.identity.series and r.facts.collective:
+            sizes.setdefault(r.identity.world_size, r.facts.collective)
+    if len(set(sizes.values())) < 2:
+        return None
+    parts = [f"{c} at {ws}" for ws, c in sizes.items()]
+    return parts[0] + (" replica" if next(iter(sizes)) == 1 else " replicas") + ", " + ", ".join(parts[1:])
+
+
+def slowdown(s: JobSummary, row: Row) -> str | None:
+    """"0.51x [0.45, 0.58] of 1 replica" when the row's throughput is below that of its series' next smaller size
+    beyond the interval: the bootstrap 95% interval of the ratio with 6 runs a cell, else the two cells' ranges
+    apart; None otherwise (no smaller size, not slower, or a cell of one run)."""
+    prev = _smaller(s, row)
+    if prev is None:
+        return None
+    ratio = row.throughput.median / prev.throughput.median
+    ci = ratio_interval(row.throughput.ips, prev.throughput.ips)
+    a, b = row.throughput.interval, prev.throughput.interval
+    if ci is not None:
+        slower, how = ci[1] < 1, f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+    else:
+        slower, how = a is not None and b is not None and a.high < b.low, " (ranges apart)"
+    ws = prev.identity.world_size
+    return f"{ratio:.2f}x{how} of {ws} replica{'' if ws == 1 else 's'}" if slower else None
+
+
+def contention(s: JobSummary, d: Row, n: Row) -> str | None:
+    """When a backend's throughput fell from the smaller size to this one: the comparison here measures how the
+    ranks contend for the machine (cores, memory, links), not how the backends scale."""
+    slow = [(r, x) for r in (d, n) if (x := slowdown(s, r))]
+    if not slow:
+        return None
+    parts = []
+    for r, x in slow:
+        by = collectives_by_size(s, r)
+        parts.append(f"{r.identity.backend} {x}" + (f", its collective {by}" if by else ""))
+    who = "both backends" if len(slow) == 2 else slow[0][0].identity.backend
+    return (f"{who} slower with more workers ({'; '.join(parts)}): at this size the comparison measures contention, "
+            "not scaling")
+
+
+def scope_lines(s: JobSummary) -> list[str]:
+    """What the job's verdict cannot tell, in lines of its own: runs on CPUs only (every record's ``devices``) do
+    not carry to GPUs with NCCL."""
+    recs = s.records
+    compared = any(q.den_row and q.num_row for q in s.ratios)
+    if not compared or not all(cpu_run(r) for r in recs) or any(gpu_run(r) for r in recs):
+        return []
+    used = [f"{r.identity.backend} {r.facts.collective}" for r in s.rows if r.facts.collective]
+    what = f"; collectives {', '.join(dict.fromkeys(used))}" if used else ""
+    return [f"CPUs only (every run's devices: cpu{what}): this says which backend was faster on this machine's cores; "
+            "it does not carry to GPUs, where the gradients go through NCCL"]
+
+
 def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
     """What makes this pair's comparison less than like for like."""
     out = []
     if q.caveat:
         out.append(f"collectives not like for like ({q.caveat})")
-    for r in (d, n):
-        if r.input.verdict in INPUT_BOUND:
-            out.append(f"{r.identity.backend} {r.input.verdict}")
+    if (busy := contention(s, d, n)) is not None:
+        out.append(busy)
+    found = [(r.identity.backend, c) for r in (d, n) if (c := input_caveat(s, r)) is not None]
+    unmeasured = [b for b, c in found if c is NOT_MEASURED]
+    out += [c for _, c in found if c is not NOT_MEASURED]
+    if unmeasured:
+        out.append(f"input wait not measured ({' and '.join(unmeasured)}, fit): whether the input kept up is unknown")
     for r in (d, n):
         if r.facts.same_batches:
             out.append(f"{r.identity.backend}'s ranks all got the same first batches in {r.facts.same_batches} of "
@@ -151,6 +255,21 @@ def job_verdicts(s: JobSummary) -> list[Verdict]:
     return out
 
 
+def verdict_texts(s: JobSummary) -> list[str]:
+    """The job's verdict lines: one per layout, then what they cannot tell (``scope_lines``)."""
+    return [*(v.text for v in job_verdicts(s)), *scope_lines(s)]
+
+
+def like_for_like(s: JobSummary, q: RatioRow) -> str:
+    """The ratio table's cell: "no: <why>", "yes", or "yes (horovod collective mpi at 1 replica, gloo at 2)" when a
+    side's collective changes with the size (its speedup then compares two collectives too); n/a when unknown."""
+    if q.caveat or q.ratio is None or not (q.den_collective and q.num_collective):
+        return f"no: {q.caveat}" if q.caveat else NA
+    by = [f"{r.identity.backend} collective {c}" for r in (q.den_row, q.num_row)
+          if r and (c := collectives_by_size(s, r))]
+    return f"yes ({'; '.join(by)})" if by else "yes"
+
+
 def verdict_title(s: JobSummary) -> str:
     """The line introducing a job's verdicts (inline markup: the name and hash as code)."""
     return f"`{md_escape(s.name)}` (`{s.job_hash}`), {RATIO_NUM} vs {RATIO_DEN}:"
@@ -163,7 +282,7 @@ def verdict_lines(summaries: Sequence[JobSummary]) -> list[str]:
         vs = job_verdicts(s)
         if vs:
             out.append(plain(verdict_title(s)))
-            out += [f"  {in_unit(v.text, s.unit)}" for v in vs]
+            out += [f"  {in_unit(t, s.unit)}" for t in verdict_texts(s)]
     return out
 
 
