@@ -207,7 +207,7 @@ def test_pngs_are_valid(results: Path, tmp_path: Path) -> None:
 
 def test_no_plots(results: Path, tmp_path: Path) -> None:
     paths = build_report(results, tmp_path / "out", ReportOptions(plots=False)).paths
-    assert sorted(p.name for p in paths) == ["report.csv", "report.html", "report.md"]
+    assert sorted(p.name for p in paths) == ["migration.csv", "report.csv", "report.html", "report.md"]
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Producing the report: load, summarize, select, check versions, describe (common.report.document), then write
-report.md, report.html, report.csv and the PNGs atomically (common.core.results.write_atomic: temp file + fsync +
-rename)."""
+report.md, report.html, report.csv, migration.csv (common.report.migrate) and the PNGs atomically
+(common.core.results.write_atomic: temp file + fsync + rename)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from common.report.load import (
     select_jobs,
     sort_allreduce,
 )
+from common.report.migrate import MIGRATION_CSV, load_checks, migration_part
 from common.report.model import allreduce_part, breakdown_cells, breakdown_part, format_model
 from common.report.render import plot_allreduce, plot_breakdown, plot_job
 from common.report.rows import JobSummary, LoadedRun
@@ -146,11 +147,14 @@ def build_report(results_dir: PathArg | Sequence[PathArg], out_dir: PathArg | No
     after = _diagnostics(summaries, runs, benches, breakdowns, opts, out, paths)
     base = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([r.absolute() for r in dirs]))
     old_where = [str(p) for p in roots(opts.baseline)] if opts.baseline else []
-    blocks = report(summaries, results_dir=base, images=images, sources=dirs,
-                    after_verdict=baseline_part(against, old_where) if against else (), after_jobs=after)
+    migration = migration_part(summaries, load_checks(dirs, warn))
+    blocks = report(summaries, results_dir=base, images=images, sources=dirs, after_jobs=after,
+                    after_verdict=[*(baseline_part(against, old_where) if against else ()), *migration])
     paths.insert(0, write_atomic(out / "report.md", render.markdown(blocks)))
     paths.insert(1, write_atomic(out / "report.html", render.page(blocks, out)))
     paths.insert(2, write_atomic(out / "report.csv", render.format_csv(summaries)))
+    if migration:
+        paths.insert(3, write_atomic(out / MIGRATION_CSV, render.tables_csv(blocks, MIGRATION_CSV)))
     return Report(summaries, paths, against, blocks)
 
 

@@ -56,6 +56,8 @@ class Bullets:
 class Table:
     header: tuple[str, ...]
     body: tuple[tuple[str, ...], ...]  # plain text cells (each renderer escapes its own way)
+    csv: str = ""  # a CSV file beside report.md that holds this table's rows too (render.tables_csv); "": none
+    key: tuple[str, ...] = ()  # the CSV's first cells in each of its rows (the job's hash and name: JOB_CSV)
 
 
 @dataclass(frozen=True)
@@ -504,8 +506,8 @@ def with_unit(block: Block, unit: str) -> Block:
     if isinstance(block, Bullets):
         return Bullets(tuple(in_unit(i, unit) for i in block.items))
     if isinstance(block, Table):
-        return Table(tuple(in_unit(h, unit) for h in block.header),
-                     tuple(tuple(in_unit(c, unit) for c in row) for row in block.body))
+        return replace(block, header=tuple(in_unit(h, unit) for h in block.header),
+                       body=tuple(tuple(in_unit(c, unit) for c in row) for row in block.body))
     if isinstance(block, Box):
         return Box(block.kind, tuple(with_unit(b, unit) for b in block.blocks), block.summary)
     return block

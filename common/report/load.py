@@ -21,7 +21,8 @@ from common.report.base import MISSING, MixedVersionsError, ReportError, fmt_val
 from common.report.rows import JobSummary, LoadedRun
 from common.report.stats import num
 
-OTHER_KINDS = ("sweep", "allreduce", "breakdown")  # JSONs that live in results dirs but are not training runs
+# JSONs in results dirs that are not training runs (check: common.check's summary, read by common.report.migrate)
+OTHER_KINDS = ("sweep", "allreduce", "breakdown", "check")
 _HASH_RE = re.compile(r"[0-9a-f]{16}")
 
 

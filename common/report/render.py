@@ -150,6 +150,28 @@ def format_csv(summaries: Sequence[JobSummary], columns: Sequence[doc.Column] | 
     return buf.getvalue()
 
 
+def _tables(blocks: Sequence[doc.Block]) -> list[doc.Table]:
+    """Every table among the blocks, boxes opened, in order."""
+    out: list[doc.Table] = []
+    for b in blocks:
+        out += [b] if isinstance(b, doc.Table) else _tables(b.blocks) if isinstance(b, doc.Box) else []
+    return out
+
+
+def tables_csv(blocks: Sequence[doc.Block], name: str) -> str:
+    """The CSV file ``name``: the rows of every table written to it (``Table.csv``), each after its ``key`` (the
+    job's hash and name), under the first such table's header; "" when no table is."""
+    tables = [t for t in _tables(blocks) if t.csv == name]
+    if not tables:
+        return ""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*doc.JOB_CSV, *tables[0].header])
+    for t in tables:
+        w.writerows([*t.key, *row] for row in t.body)
+    return buf.getvalue()
+
+
 # -- one job's tables as Markdown (the command line prints them) -------------------------------------------------
 def format_table(summary: JobSummary) -> str:
     """The job's scaling table in Markdown."""
