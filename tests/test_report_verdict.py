@@ -191,7 +191,8 @@ def test_cpu_runs_say_the_ratio_does_not_carry_to_gpus_in_a_line_of_their_own() 
                                                                          collective={"used": "gloo"})
     (s,) = summarize(runs)
     cpu = ("CPUs only (every run's devices: cpu; collectives native ring, horovod gloo): this says which backend was "
-           "faster on this machine's cores; it does not carry to GPUs, where the gradients go through NCCL")
+           "faster on this machine's cores; it does not carry to GPUs, where both backends all-reduce with NCCL by "
+           "default")
     assert verdict_lines([s])[-1] == f"  {cpu}"
     assert "horovod is 32% faster than native" in verdict_lines([s])[-2] and "CPUs" not in verdict_lines([s])[-2]
     bullets = next(b for b in verdict_section([s]).blocks if hasattr(b, "items"))

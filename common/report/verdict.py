@@ -199,7 +199,7 @@ def scope_lines(s: JobSummary) -> list[str]:
     used = [f"{r.identity.backend} {r.facts.collective}" for r in s.rows if r.facts.collective]
     what = f"; collectives {', '.join(dict.fromkeys(used))}" if used else ""
     return [f"CPUs only (every run's devices: cpu{what}): this says which backend was faster on this machine's cores; "
-            "it does not carry to GPUs, where the gradients go through NCCL"]
+            "it does not carry to GPUs, where both backends all-reduce with NCCL by default"]
 
 
 def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
