@@ -219,6 +219,10 @@ def test_fit_input_wait_is_shown_as_an_upper_bound_or_said_not_measured() -> Non
                            "is unknown"), v.text
     (s,) = summarize(cell("native", 2, 100.0) + cell("horovod", 2, 100.2))  # fit below 5%: kept up, no caveat
     assert "Caveats" not in job_verdicts(s)[0].text
+    low = {**gap, "wait_fraction": 0.03}
+    mixed = [{**r, "input": low} if i % 2 else r for i, r in enumerate(cell("native", 2, 100.0))]
+    (s,) = summarize(mixed + cell("horovod", 2, 100.2))  # below 5% in every repeat, some undecided: no caveat
+    assert s.rows[0].input.verdict is None and "Caveats" not in job_verdicts(s)[0].text
     ctl = Job(name="small", per_replica_batch_size=16, steps=12, mode="ctl")
     fetch = {"method": "fetch", "wait_fraction": 0.3, "kept_up": False, "input_bound": "highly"}
     (s,) = summarize(cell("native", 2, 100.0, job=ctl, input=fetch) + cell("horovod", 2, 100.2, job=ctl, input=None))

@@ -31,6 +31,7 @@ from common.report.rows import (
     order_backends,
 )
 from common.report.stats import MIN_CI_RUNS, NEEDS_RUNS, ratio_interval
+from common.training.inputwait import KEPT_UP_FRACTION
 
 INPUT_BOUND = ("moderately input-bound", "highly input-bound")
 NOT_MEASURED = "input wait not measured"  # input_caveat's answer for a fit row whose records hold no input wait
@@ -125,7 +126,7 @@ def input_caveat(s: JobSummary, r: Row) -> str | None:
     b, i = r.identity.backend, r.input
     if i.verdict in INPUT_BOUND:
         return f"{b} {i.verdict}"
-    if i.method == "gap" and i.fraction is not None and i.verdict != "kept up":
+    if i.method == "gap" and i.fraction is not None and i.fraction >= KEPT_UP_FRACTION:
         return f"{b} input wait <= {_share(i.fraction)} (upper bound, fit)"
     if i.method is None and s.job.get("mode") == "fit":
         return NOT_MEASURED
