@@ -21,7 +21,7 @@ from common.report import document
 from common.report.build import ReportOptions, build_report
 from common.report.document import Column, number
 from common.report.load import load_runs, recompute_job_hash
-from common.report.rows import JobSummary
+from common.report.rows import JobSummary, from_runs
 from common.report.summary import summarize
 from common.workload.job import Job
 from tests.test_report import make_run, put
@@ -63,12 +63,14 @@ def md_headers(md: str) -> list[list[str]]:
 
 
 def test_a_column_defined_once_reaches_md_html_and_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Adding a column to the scaling table is one Column in document.COLUMNS: the tables and report.csv carry it."""
+    """Adding a figure of the records to the scaling table is one Column in document.COLUMNS, reading each run and
+    combining the repeats (``from_runs``: the median by default): the tables and report.csv carry it."""
     d = tmp_path / "r"
     for b, ips in (("native", 100.0), ("horovod", 120.0)):
-        put(d, make_run(b, 1, ips, ttfs=2.5))
-    extra = Column("startup share", "startup_share", lambda r: r.steps.first_step / 10, number(".1f", 100, "%"),
-                   "startup share = time to first step / 10 s")
+        for i, ttfs in enumerate((2.0, 2.5, 4.0)):
+            put(d, make_run(b, 1, ips + i, ttfs=ttfs))
+    extra = Column("startup share", "startup_share", from_runs(lambda run: run.time_to_first_step / 10),
+                   number(".1f", 100, "%"), "startup share = time to first step / 10 s")
     monkeypatch.setattr(document, "COLUMNS", (*document.COLUMNS, extra))
     build_report(d, tmp_path / "o", ReportOptions(plots=False))
     md = (tmp_path / "o" / "report.md").read_text()
@@ -79,7 +81,7 @@ def test_a_column_defined_once_reaches_md_html_and_csv(tmp_path: Path, monkeypat
     assert next(h for h in html_headers(page) if "interval" in h)[-1] == "startup share"
     assert "<td>25.0%</td>" in page
     rows = list(csv.DictReader((tmp_path / "o" / "report.csv").open()))
-    assert [float(r["startup_share"]) for r in rows] == [0.25, 0.25]
+    assert [float(r["startup_share"]) for r in rows] == [0.25, 0.25]  # the median of 0.2, 0.25, 0.4
 
 
 def _breakdown(backend: str, n: int, job: dict) -> dict:
@@ -197,3 +199,29 @@ def test_throughput_is_named_for_what_a_step_consumes(tmp_path: Path) -> None:
         assert f"| {unit} median |" in md and f"<th>{unit} median</th>" in page
         for text in (md, page):
             assert other not in text and "img/s" not in text and "Img/s" not in text
+
+
+def test_per_row_tables_share_the_scaling_tables_cells() -> None:
+    """Issue 47.4: the first six cells of the validation and memory tables, and the time to target, are the scaling
+    table's own columns (one definition, one format), not cells built again beside them."""
+    from dataclasses import replace as copy
+
+    from common.cluster import machine
+
+    job = copy(Job(name="small", per_replica_batch_size=16, steps=12), target_metric="loss", target_value=0.6)
+    block = machine.combine([{"host": "n0", "cpu": {"model": "C"}, "gpu": dict(machine.NO_GPU),
+                              "memory": {"peak_rss_bytes": 2**29, "peak_gpu_bytes": None}}])
+    runs = [make_run(b, ws, 100.0 * ws + i, job=job, time_to_target_s=10.0 + i, machine=block, run_id=f"{b}{ws}{i}",
+                     evaluations=[{"step": 12, "loss": 0.5}]) for b in ("native", "horovod") for ws in (1, 2)
+            for i in range(3)]
+    (s,) = summarize(runs)
+    scaling = document.scaling_table(s)
+    col = {h: [row[i] for row in scaling.body] for i, h in enumerate(scaling.header)}
+    assert all(c in document.COLUMNS for c in (*document.CELLS, document.TTT))
+    for part in (document.validation_part(s), document.resources_part(s)):
+        t = next(b for b in part if isinstance(b, document.Table))
+        assert t.header[:6] == document.CELL_HEADER
+        for i, h in enumerate(t.header[:7]):
+            if h in col:
+                assert [row[i] for row in t.body] == col[h], h
+    assert col["time to target (s)"] == ["11.00"] * 4

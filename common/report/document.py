@@ -24,13 +24,14 @@ from common.report.rows import (
     TTT_METHOD,
     JobSummary,
     Row,
+    from_runs,
     input_text,
     memory_text,
     order_backends,
     row_label,
     validation_names,
 )
-from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS
+from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS, num
 from common.report.verdict import VERDICT_NOTE, best_ratios, best_rows, like_for_like, verdict_texts, verdict_title
 
 
@@ -143,6 +144,7 @@ def _finals(r: Row) -> str:
 
 
 C = Column
+TTT = C("time to target (s)", "time_to_target_s", lambda r: r.validation.ttt, number(".2f"), shown=has_target)
 COLUMNS: tuple[Column, ...] = (  # the scaling table, in order; report.csv starts with job_hash, job_name
     C("backend", "backend", lambda r: r.identity.label),
     C("replicas", "world_size", lambda r: r.identity.world_size),
@@ -168,9 +170,9 @@ COLUMNS: tuple[Column, ...] = (  # the scaling table, in order; report.csv start
       "step times (p50, p95 over each run's timed steps, step end to step end, or per sync window: see Notes) and "
       "time to first step are medians over repeats"),
     C("step p95 (ms)", "step_time_p95_s", lambda r: r.steps.p95, number(".2f", 1e3)),
-    C(None, "step_time_mean_s", lambda r: r.steps.mean),
-    C("first step (s)", "time_to_first_step_s", lambda r: r.steps.first_step, number(".2f")),
-    C(None, "timed_wall_time_s", lambda r: r.steps.timed_wall),
+    C(None, "step_time_mean_s", from_runs(lambda run: num(run.step_time.get("mean")))),
+    C("first step (s)", "time_to_first_step_s", from_runs(lambda run: num(run.time_to_first_step)), number(".2f")),
+    C(None, "timed_wall_time_s", from_runs(lambda run: num(run.timed_wall_time))),
     C("final loss", "final_loss", lambda r: r.facts.final_loss, number(".4f"),
       "final loss = median over repeats of the last step's loss"),
     C("input wait", None, lambda r: r, input_text),
@@ -178,7 +180,7 @@ COLUMNS: tuple[Column, ...] = (  # the scaling table, in order; report.csv start
       lambda r: (r.input.method, r.input.fraction, r.input.verdict)),
     C("collective", "collective", lambda r: r.facts.collective or None),
     C(None, "variant", lambda r: r.identity.variant),
-    C("time to target (s)", "time_to_target_s", lambda r: r.validation.ttt, number(".2f"), shown=has_target),
+    TTT,
     C(None, "target_reached_repeats", _reached),
     C(None, "final_validation", _finals),
 )
@@ -210,14 +212,15 @@ def definitions() -> str:
 
 
 # -- the other tables of a job -----------------------------------------------------------------------------------
-def _cell_cells(r: Row) -> list[str]:
-    """The first cells of a row in every per-row table: label, replicas, layout, workers, repeats, images/s median."""
-    i = r.identity
-    return [i.label, str(i.world_size), i.layout, str(i.num_workers), str(r.throughput.repeats),
-            fmt_num(r.throughput.median, ".1f")]
+# The first cells of a row in every per-row table: label, replicas, layout, workers, repeats, images/s median.
+CELLS = tuple(c for c in COLUMNS if c.header in ("backend", "replicas", "layout", "workers", "repeats",
+                                                 "images/s median"))
+CELL_HEADER = tuple(str(c.header) for c in CELLS)
 
 
-CELL_HEADER = ("backend", "replicas", "layout", "workers", "repeats", "images/s median")
+def cells(r: Row, columns: Sequence[Column] = CELLS) -> list[str]:
+    """The row's table text of ``columns`` (by default its first cells in every per-row table)."""
+    return [c.fmt(c.value(r)) for c in columns]
 
 
 def ratio_text(ratio: float | None, ci: tuple[float, float] | None) -> str:
@@ -254,15 +257,12 @@ def validation_part(summary: JobSummary) -> list[Block]:
     targeted = has_target(summary)
     if not names and not targeted:
         return []
-    header = [*CELL_HEADER, *(("time to target (s)", "reached") if targeted else ()),
+    header = [*CELL_HEADER, *((str(TTT.header), "reached") if targeted else ()),
               *(f"final val {n}" for n in names)]
     body = []
     for r in summary.rows:
-        v = r.validation
-        cells = _cell_cells(r)
-        if targeted:
-            cells += [fmt_num(v.ttt, ".2f"), f"{v.reached}/{v.targeted}" if v.targeted else NA]
-        body.append(cells + [fmt_num(v.final.get(n), ".4f") for n in names])
+        first = [*cells(r, (*CELLS, TTT)), _reached(r) or NA] if targeted else cells(r)
+        body.append(first + [fmt_num(r.validation.final.get(n), ".4f") for n in names])
     job = summary.job
     target = (f"target: {job.get('target_metric')} {'<=' if job.get('target_metric') == 'loss' else '>='} "
               f"{job.get('target_value')}. " if targeted else "")
@@ -284,11 +284,11 @@ def resources_part(summary: JobSummary) -> list[Block]:
     body = []
     for r in rows:
         res = r.resources
-        cells = [*_cell_cells(r), memory_text(res) or NA]
+        row = [*cells(r), memory_text(res) or NA]
         if gpu:
-            cells += [f(res.energy_j, ".1f"), f(res.energy_per_image_j, ".3g", 1e3), f(res.gpu_hours_per_epoch, ".3g"),
+            row += [f(res.energy_j, ".1f"), f(res.energy_per_image_j, ".3g", 1e3), f(res.gpu_hours_per_epoch, ".3g"),
                       f(res.gpu_hours_to_target, ".3g")]
-        body.append(cells)
+        body.append(row)
     note = ("Peak memory per rank: the largest rank's, median over repeats; GPU = TensorFlow's allocator peak on the "
             "rank's GPU, host RSS = the process's peak resident set (getrusage, at least Linux's VmHWM).")
     if gpu:

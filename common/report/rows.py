@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -112,13 +112,11 @@ class Throughput:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Medians over the row's repeats, in seconds (None: n/a)."""
+    """Medians over the row's repeats, in seconds (None: n/a); what the scaling model reads. Figures only a column
+    shows are read from the row's runs by that column (document.COLUMNS, ``from_runs``)."""
 
     p50: float | None
     p95: float | None
-    mean: float | None
-    first_step: float | None  # time to first step
-    timed_wall: float | None  # the slowest rank's timed wall time
 
 
 @dataclass(frozen=True)
@@ -245,6 +243,7 @@ class Row:
     validation: Validation
     scaling: Scaling = field(default_factory=Scaling)
     resources: Resources = field(default_factory=Resources)
+    runs: list[RunRecord] = field(default_factory=list)  # the repeats' records, in ``throughput.ips`` order
 
     @property
     def layout_counts(self) -> tuple[int | None, int | None]:
@@ -345,6 +344,14 @@ def cpu_run(run: RunRecord) -> bool:
     record names no devices."""
     devs = run.devices if isinstance(run.devices, list) else []
     return bool(devs) and all(str(d).lower().startswith(("cpu", "/physical_device:cpu", "/cpu")) for d in devs)
+
+
+def from_runs(read: Callable[[RunRecord], Any],
+              combine: Callable[[list[Any]], Any] = median) -> Callable[[Row], Any]:
+    """A column's value (document.Column) from the row's runs: ``read`` of each repeat's record, then ``combine`` over
+    the repeats (default: the median of the numbers, None when no run holds one). A figure the ranks write into
+    ``RunRecord`` reaches the report's md, html and csv by one Column line with this as its value."""
+    return lambda row: combine([read(r) for r in row.runs])
 
 
 def input_text(row: Row) -> str:

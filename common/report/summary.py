@@ -45,10 +45,7 @@ def _final_loss(run: RunRecord) -> float | None:
 
 def _step_times(runs: list[RunRecord]) -> StepTimes:
     return StepTimes(p50=median(num(r.step_time.get("median")) for r in runs),
-                     p95=median(num(r.step_time.get("p95")) for r in runs),
-                     mean=median(num(r.step_time.get("mean")) for r in runs),
-                     first_step=median(num(r.time_to_first_step) for r in runs),
-                     timed_wall=median(num(r.timed_wall_time) for r in runs))
+                     p95=median(num(r.step_time.get("p95")) for r in runs))
 
 
 def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
@@ -78,6 +75,7 @@ def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
         input=_input_wait(recs),
         validation=row_validation(recs),
         resources=row_resources(recs, gpu),
+        runs=recs,
     )
 
 
