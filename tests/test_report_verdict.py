@@ -91,8 +91,8 @@ def test_verdict_opens_report_md_and_html_and_ends_the_printed_output(tmp_path: 
     assert "<li>1 node x 2 ranks: native is 12% faster than horovod [" in html
     assert main([str(d), "--no-plots"]) == 0
     out = capsys.readouterr().out.rstrip().splitlines()
-    assert out[-2].startswith("  1 node x 2 ranks: native is 12% faster") and out[-4].startswith("small (")
-    assert out[-1].startswith("  CPUs only (every run's devices: cpu)")  # what the verdict cannot tell, last
+    assert out[-1].startswith("  1 node x 2 ranks: native is 12% faster") and out[-4].startswith("small (")
+    assert out[-3].startswith("  CPUs only (every run's devices: cpu)")  # what the verdict cannot tell, first
     lone = verdict_lines(summarize(cell("native", 1, 1.0, n=1)))
     assert lone == ["small (90b23b6c798ed8f6), horovod vs native:", "  1 node x 1 rank: only native ran, no comparison"]
 
@@ -193,10 +193,10 @@ def test_cpu_runs_say_the_ratio_does_not_carry_to_gpus_in_a_line_of_their_own() 
     cpu = ("CPUs only (every run's devices: cpu; collectives native ring, horovod gloo): this says which backend was "
            "faster on this machine's cores; it does not carry to GPUs, where both backends all-reduce with NCCL by "
            "default")
-    assert verdict_lines([s])[-1] == f"  {cpu}"
-    assert "horovod is 32% faster than native" in verdict_lines([s])[-2] and "CPUs" not in verdict_lines([s])[-2]
+    assert verdict_lines([s])[1] == f"  {cpu}"  # after the title, before the layouts' lines
+    assert "horovod is 32% faster than native" in verdict_lines([s])[-1] and "CPUs" not in verdict_lines([s])[-1]
     bullets = next(b for b in verdict_section([s]).blocks if hasattr(b, "items"))
-    assert bullets.items[-1] == cpu
+    assert bullets.items[0] == cpu
     gpu = runs[:-1] + [{**runs[-1], "devices": ["/physical_device:GPU:0"] * 2}]
     (s,) = summarize(gpu)
     assert not any("CPUs only" in x for x in verdict_lines([s]))

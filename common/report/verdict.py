@@ -191,8 +191,8 @@ def contention(s: JobSummary, d: Row, n: Row) -> str | None:
 
 
 def scope_lines(s: JobSummary) -> list[str]:
-    """What the job's verdict cannot tell, in lines of its own: runs on CPUs only (every record's ``devices``) do
-    not carry to GPUs with NCCL."""
+    """What the job's verdict cannot tell, in lines of their own before the layouts': runs on CPUs only (every
+    record's ``devices``) do not carry to GPUs with NCCL."""
     recs = s.records
     compared = any(q.den_row and q.num_row for q in s.ratios)
     if not compared or not all(cpu_run(r) for r in recs) or any(gpu_run(r) for r in recs):
@@ -257,8 +257,10 @@ def job_verdicts(s: JobSummary) -> list[Verdict]:
 
 
 def verdict_texts(s: JobSummary) -> list[str]:
-    """The job's verdict lines: one per layout, then what they cannot tell (``scope_lines``)."""
-    return [*(v.text for v in job_verdicts(s)), *scope_lines(s)]
+    """The job's verdict lines: what they cannot tell (``scope_lines``), then one per layout (so that the layouts'
+    lines end the printed output)."""
+    vs = job_verdicts(s)
+    return [*scope_lines(s), *(v.text for v in vs)] if vs else []
 
 
 def like_for_like(s: JobSummary, q: RatioRow) -> str:
