@@ -9,6 +9,10 @@ synchronous); the fastest is the highest median images/s, a pick that favours a 
 The rule: with 6 or more runs per cell, an interval containing 1 is "no significant difference", otherwise the
 faster backend and its lead with the interval; with fewer runs the line says it needs 6 runs per cell and gives the
 medians' lead as what it is, not a verdict.
+
+What a line cannot tell is said with it: a backend slower at this size than at the next smaller one (beyond the
+interval) makes the comparison one of contention, not scaling; Keras fit's input figure is an upper bound (or absent);
+and, in a line of its own before the layouts', runs on CPUs only do not carry to GPUs.
 """
 
 from __future__ import annotations
@@ -211,8 +215,8 @@ def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
     if (busy := contention(s, d, n)) is not None:
         out.append(busy)
     found = [(r.identity.backend, c) for r in (d, n) if (c := input_caveat(s, r)) is not None]
-    unmeasured = [b for b, c in found if c is NOT_MEASURED]
-    out += [c for _, c in found if c is not NOT_MEASURED]
+    unmeasured = [b for b, c in found if c == NOT_MEASURED]
+    out += [c for _, c in found if c != NOT_MEASURED]
     if unmeasured:
         out.append(f"input wait not measured ({' and '.join(unmeasured)}, fit): whether the input kept up is unknown")
     for r in (d, n):
