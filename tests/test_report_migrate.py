@@ -12,7 +12,9 @@ from typing import Any
 
 from common.cluster import machine
 from common.report.build import ReportOptions, build_report
+from common.report.migrate import CHECK_FILE, check_summary
 from common.report.render import md_table
+from common.workload.job import Job
 from tests.test_report import JOB_A, put
 from tests.test_report_verdict import cell
 
@@ -38,13 +40,10 @@ def results(d: Path, backends: tuple[str, ...] = ("native", "horovod")) -> Path:
 
 
 def check(d: Path, job: dict[str, Any], status: int = 0, line: str = "all 12 pairs agree to 1e-05") -> None:
-    from common.workload.job import Job
-
+    """The check.json common.check would write (migrate.check_summary) for ``job``."""
+    h = Job(**{k: tuple(v) if isinstance(v, list) else v for k, v in job.items()}).job_hash
     d.mkdir(parents=True, exist_ok=True)
-    (d / "check.json").write_text(json.dumps({
-        "kind": "check", "schema": 1, "job": job, "job_hash": Job(**{k: tuple(v) if isinstance(v, list) else v
-                                                                     for k, v in job.items()}).job_hash,
-        "status": status, "line": line, "rtol": 1e-5, "finished_at": "2026-11-27T10:00:00+00:00"}))
+    (d / CHECK_FILE).write_text(json.dumps(check_summary(job, h, status, line, 1e-5, "2026-11-27T10:00:00+00:00")))
 
 
 def section(md: str) -> str:
@@ -99,6 +98,9 @@ def test_a_check_result_says_same_math_when_it_is_of_this_job(tmp_path: Path) ->
     assert "| same math |  |  | not checked:" in same_math()
     check(d / "check", job, 1, "DIFFERS: native vs horovod, fit, 2 workers: loss differs, step 3: 0.5 vs 0.6")
     assert "| NO: DIFFERS: native vs horovod, fit, 2 workers: loss differs, step 3" in same_math()
+    (d / "check" / CHECK_FILE).write_text(json.dumps({"kind": "check", "job": job, "line": "x"}))  # no status
+    assert "| same math |  |  | not checked:" in same_math()
+    assert warnings[-1].endswith("check.json: a check result needs job, job_hash, status and line")
 
 
 def test_one_backend_alone_has_no_section_and_no_csv(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row, 
 from common.report.verdict import speed
 
 CHECK_KIND = "check"
+CHECK_FILE = "check.json"  # what common.check --results DIR would write as DIR/check.json (check_summary)
 MIGRATION_CSV = "migration.csv"
 # Job keys that say how long a run is, how it is measured or evaluated, or what it is called: a check of the job
 # with other values of these checked the same step (common.check runs few steps, in both modes, at b and 2b).
@@ -44,6 +45,14 @@ class CheckResult:
     status: int
     line: str
     finished_at: str = ""
+
+
+def check_summary(job: Mapping[str, Any], job_hash: str, status: int, line: str, rtol: float,
+                  finished_at: str) -> dict[str, Any]:
+    """The ``check.json`` this module reads (``load_checks``), for common.check to write: the job as the user gave
+    it (their --set, not the check's own steps; home directories as ~), its hash, the exit status and last line."""
+    return {"kind": CHECK_KIND, "schema": 1, "job": dict(job), "job_hash": job_hash, "status": status, "line": line,
+            "rtol": rtol, "finished_at": finished_at}
 
 
 def load_checks(dirs: Sequence[Path], warn: Callable[[str], None] = warn) -> list[CheckResult]:
