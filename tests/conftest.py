@@ -122,7 +122,7 @@ def backend_cmd(kind: str, results: Path, *extra: str, workers: int = 2, job: st
     """``workers`` local ranks of backend ``kind`` on ``job``: native by --nproc; Horovod's ranks by mpirun, the
     tests' launcher (about 1.5 s less per run than horovodrun's start-up; the same math under either controller:
     tests/test_backends.py::test_horovod_under_mpirun_matches_gloo), or with ``own_launcher`` by the backend's own
-    (horovodrun --gloo), for the tests of that launcher."""
+    (by the controller the build has: horovodrun --gloo on the default build), for the tests of that launcher."""
     args = ["--job", job, "--results", str(results), "--quiet", *extra]
     if kind == "horovod" and workers > 1 and not own_launcher:
         return mpirun_command(workers, args)
