@@ -4,8 +4,8 @@ demo and ``common.check`` run, with the Gloo build's per-step losses. `make test
 TWINBENCH_GLOO_LESS=1; everywhere else it is skipped.
 
 TensorFlow processes: the demo (REPEATS=1 STEPS=20: 6 for its four cells, 4 for the allreduce benchmark, 6 for the
-breakdown), ``common.check`` on the smoke job's custom loop (6), one 2-rank run of the Gloo build (2), and Horovod's
-own answer to what it was built with (1): 25."""
+breakdown), ``common.check`` on the smoke job's custom loop (6), one 2-rank run of the Gloo build (2), Horovod's own
+answer to what it was built with (1) and the stack doctor (1): 26."""
 
 from __future__ import annotations
 
@@ -44,6 +44,18 @@ def test_this_horovod_is_built_without_gloo():
     assert (forced.returncode, forced.stdout) == (2, "")
     assert forced.stderr.strip() == ("backends: error: TWINBENCH_HOROVOD_CONTROLLER=gloo: this Horovod was built "
                                      "without Gloo (MPI only): use TWINBENCH_HOROVOD_CONTROLLER=mpi or auto")
+
+
+def test_the_stack_doctor_names_the_mpi_launch():
+    """What `TWINBENCH_STACK=as-is bash scripts/setup.sh` prints on such a stack: the launch that will run."""
+    proc = subprocess.run([PY, "-m", "common.doctor", "--stack"], cwd=REPO, env=env_auto(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "stack horovod controllers: MPI" in lines
+    assert "stack horovod launch, local and multi-host: mpirun (MPI controller; TWINBENCH_HOROVOD_CONTROLLER auto, " \
+           "the build has MPI only)" in lines
+    assert lines[-1] == "stack backends: native can run, horovod can run"
 
 
 def test_the_demo_runs_its_horovod_ranks_under_mpirun(tmp_path: Path):
