@@ -200,7 +200,7 @@ class HorovodBackend(Backend):
         hvd = self.hvd
         return {
             "controller": self._controller(),
-            # what the launch was asked for (backends/horovod_launch.py): auto picks by the build
+            # TWINBENCH_HOROVOD_CONTROLLER as the ranks saw it (backends/horovod_launch.py; auto: unset)
             "controller_asked": os.environ.get(launch.ENV, "").strip().lower() or "auto",
             "local_size": hvd.local_size(),  # Horovod's own view of the placement (the record's topology agrees)
             "cross_size": hvd.cross_size(),
