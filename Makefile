@@ -19,7 +19,11 @@ FALLBACK_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers \
 	tests/test_parity.py::test_fit_and_ctl_compute_the_same_thing \
 	tests/test_backends.py::test_horovod_under_mpirun_matches_gloo
 
-.PHONY: setup demo test test-fallback lint doctor gpu-check clean
+# A Horovod built without Gloo (MPI controller only, conda-forge's flags) over .venv's TensorFlow: twinbench's own
+# launches (demo, common.check) must run there too, with the Gloo build's losses (tests/test_gloo_less.py).
+NOGLOO_VENV := .venv-nogloo
+
+.PHONY: setup demo test test-fallback test-nogloo lint doctor gpu-check clean
 
 setup:  ## idempotent: Debian OpenMPI, .venv, TensorFlow, tf-keras, Horovod (wheel cached in ~/.cache/twinbench)
 	TWINBENCH_VENV=.venv bash scripts/setup.sh
@@ -43,6 +47,10 @@ test:  ## set-up (with Debian's Slurm and munge for tests/test_slurm.py), then t
 test-fallback:  ## the TF 2.18 fallback in .venv-tf2.18: set-up, then the parity and Horovod smoke tests
 	TWINBENCH_TF=2.18 TWINBENCH_VENV=$(FALLBACK_VENV) bash scripts/setup.sh
 	$(FALLBACK_PY) -m pytest -ra $(FALLBACK_TESTS)
+
+test-nogloo: setup  ## .venv-nogloo (Horovod without Gloo, wheel cached): the demo and common.check run on it
+	bash scripts/setup_nogloo.sh
+	TWINBENCH_GLOO_LESS=1 $(NOGLOO_VENV)/bin/python -m pytest -ra tests/test_gloo_less.py
 
 lint:
 	$(PY) -m ruff check .

@@ -1,7 +1,10 @@
 """``python -m backends names`` lists the registry; ``python -m backends command NAME N [ARG ...]`` prints, one
 argument per line, the command that starts N local ranks of backend NAME with those arguments (for shell scripts
 such as scripts/demo.sh, which must not spell backend names themselves). With ``TWINBENCH_CONTAINER`` set, that
-command runs the launcher and all its ranks inside the site's image (common/cluster/container.py)."""
+command runs the launcher and all its ranks inside the site's image (common/cluster/container.py).
+``python -m backends launch-env`` resolves, once for a script that starts many runs, what each backend's launch lines
+depend on (Horovod's controller: backends/horovod_launch.py): ``NAME=VALUE`` lines to export on stdout, one line
+per backend saying the choice on stderr; a choice that cannot run is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -9,12 +12,15 @@ import sys
 
 from common.cluster import container
 from common.core import registry
+from common.core.errors import UsageError
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["names"] and len(argv) == 1:
         print("\n".join(registry.names()))
         return 0
+    if argv == ["launch-env"]:
+        return launch_env()
     if argv[:1] == ["command"] and len(argv) >= 3 and argv[2].isdigit() and int(argv[2]) >= 1:
         try:
             module = registry.load(argv[1])
@@ -25,12 +31,30 @@ def main(argv: list[str]) -> int:
             box = container.parse()
             line = module.local_command(int(argv[2]), argv[3:], **({"python": box.python} if box else {}))
             print("\n".join(container.wrap(line, box) if box else line))
-        except container.ContainerError as e:
+        except (container.ContainerError, UsageError) as e:
             print(f"backends: error: {e}", file=sys.stderr)
             return 2
         return 0
-    print("usage: python -m backends names | command NAME N [ARG ...]", file=sys.stderr)
+    print("usage: python -m backends names | command NAME N [ARG ...] | launch-env", file=sys.stderr)
     return 2
+
+
+def launch_env() -> int:
+    try:
+        box = container.parse()
+        lines, said = [], []
+        for name in registry.names():
+            resolve = getattr(registry.load(name), "launch_env", None)  # only backends whose launch has a choice
+            if resolve is not None:
+                env, line = resolve(box.python if box else sys.executable)
+                lines += [f"{k}={v}" for k, v in env.items()]
+                said.append(line)
+    except (container.ContainerError, UsageError) as e:
+        print(f"backends: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    print("\n".join(said), file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

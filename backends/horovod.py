@@ -1,6 +1,6 @@
 """Horovod backend: one process per device, allreduce. Always run as a module (``-m``), never by path:
 ``horovodrun -np 2 -H localhost:2 --gloo python -m backends.horovod --job jobs/smoke.toml``
-(also under ``mpirun`` or ``srun --mpi=pmix``).
+(also under ``mpirun`` or ``srun --mpi=pmix``; which one twinbench's own launches use: backends/horovod_launch.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any  # noqa: E402
 
 from backends import entrypoint  # noqa: E402
 from backends import horovod_knobs as knobs_mod  # noqa: E402
+from backends import horovod_launch as launch  # noqa: E402
 from common import cli  # noqa: E402
 from common.cluster import container  # noqa: E402
 from common.cluster.placement import configure_threads, pin_one_gpu  # noqa: E402
@@ -71,24 +72,50 @@ def parser() -> argparse.ArgumentParser:
 
 
 def local_command(n: int, args: list[str], python: str = sys.executable) -> list[str]:
-    """The command that runs ``n`` ranks of this backend on this host (``horovodrun --gloo``; one: no launcher)."""
+    """The command that runs ``n`` ranks of this backend on this host, by the controller the build has or
+    TWINBENCH_HOROVOD_CONTROLLER names (backends/horovod_launch.py); one rank: no launcher."""
     if n == 1:
         return [python, "-m", PROG, *args]  # hvd.init() with no launcher is a world of one
-    return horovodrun_command(f"localhost:{n}", n, args, python)
+    return launch_command(f"localhost:{n}", n, args, python)
+
+
+def launch_command(hosts: str, n: int, args: list[str], python: str = sys.executable,
+                   controller: str | None = None) -> list[str]:
+    """``n`` ranks on ``hosts`` (``localhost:2``, ``node1:2,node2:2``) under ``controller`` (``gloo``:
+    ``horovodrun --gloo``, ``mpi``: ``mpirun``; None: TWINBENCH_HOROVOD_CONTROLLER, else what the build has)."""
+    box = container.parse()
+    wrap = (lambda cmd: container.wrap(cmd, box)) if box else None
+    chosen = controller or launch.controller(python, wrap)
+    if chosen == "gloo":
+        return horovodrun_command(hosts, n, args, python)
+    return launch.mpirun_command(hosts, n, [python, "-m", PROG, *args], iface=_iface(args),
+                                 mpirun=launch.which_mpirun(python))
+
+
+def _iface(args: list[str]) -> str | None:
+    """The data interface of a launch: ``--iface`` in the ranks' ``args``, else TWINBENCH_IFACE."""
+    iface = next((a.split("=", 1)[1] for a in args if a.startswith("--iface=")), None)
+    if "--iface" in args[:-1]:
+        iface = args[args.index("--iface") + 1]
+    return iface or os.environ.get("TWINBENCH_IFACE")
 
 
 def horovodrun_command(hosts: str, n: int, args: list[str], python: str = sys.executable) -> list[str]:
     """``horovodrun --gloo`` running ``n`` ranks on ``hosts`` (``node1:2,node2:2``), told the data interface
     (``--iface`` in ``args``, else TWINBENCH_IFACE) by ``--network-interface`` when a host is remote."""
-    iface = next((a.split("=", 1)[1] for a in args if a.startswith("--iface=")), None)
-    if "--iface" in args[:-1]:
-        iface = args[args.index("--iface") + 1]
-    iface = iface or os.environ.get("TWINBENCH_IFACE")
-    remote = any(h.split(":")[0] not in ("localhost", "127.0.0.1") for h in hosts.split(","))
+    iface = _iface(args)
+    remote = not launch.is_local(hosts)
     # horovodrun with only local hosts accepts loopback interfaces alone; the ranks' --iface then sets Gloo's
     nic = ["--network-interface", iface] if iface and remote else []
     return [str(Path(python).parent / "horovodrun"), "-np", str(n), "-H", hosts, "--gloo", *nic,
             *container.horovodrun_cache_flags(), python, "-m", PROG, *args]
+
+
+def launch_env(python: str = sys.executable) -> tuple[dict[str, str], str]:
+    """For a command about to start many runs: the variables to hand them (the controller, resolved and checked
+    against the build once) and the line that says it; LaunchError (exit 2) when no launch can run."""
+    box = container.parse()
+    return launch.resolve_env(python, (lambda cmd: container.wrap(cmd, box)) if box else None)
 
 
 def doctor(tf_version: str | None) -> Diagnosis:
@@ -103,14 +130,24 @@ def doctor(tf_version: str | None) -> Diagnosis:
     except Exception as e:  # noqa: BLE001 - report any import failure
         return Diagnosis(False, f"cannot run: {e}", {"horovod": None},
                          [f"horovod=={buildinfo.HOROVOD_VERSION} built with TensorFlow {tf_version} (make setup)"])
-    details = {
+    built = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())}
+    details: dict[str, Any] = {
         "horovod": horovod.__version__,
-        "horovod_controllers": {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())},
-        "horovod_ops": {"nccl": bool(hvd.nccl_built()), "mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built())},
+        "horovod_controllers": built,
+        "horovod_ops": {"nccl": bool(hvd.nccl_built()), **built},
         "horovod_patch": buildinfo.horovod_patch_description(),
     }
-    ok = bool(hvd.gloo_built() or hvd.mpi_built())
-    return Diagnosis(ok, "ok" if ok else "cannot run: no controller", details, [])
+    try:
+        chosen = launch.resolve(launch.requested(), built)
+    except launch.LaunchError as e:
+        return Diagnosis(False, f"cannot run: {e}", details, [])
+    details["horovod_launch"] = f"{launch.LAUNCHER[chosen]} ({launch.TITLE[chosen]} controller) for 2+ local ranks"
+    return Diagnosis(True, "ok", details, [])
+
+
+def stack_launch(built: dict[str, bool], asked: str | None, mpirun: str | None) -> tuple[list[str], bool]:
+    """The stack doctor's lines on how this build's ranks would be started (backends/horovod_launch.py)."""
+    return launch.stack_lines(built, asked, mpirun)
 
 
 class HorovodBackend(Backend):
@@ -163,6 +200,8 @@ class HorovodBackend(Backend):
         hvd = self.hvd
         return {
             "controller": self._controller(),
+            # TWINBENCH_HOROVOD_CONTROLLER as the ranks saw it (backends/horovod_launch.py; auto: unset)
+            "controller_asked": os.environ.get(launch.ENV, "").strip().lower() or "auto",
             "local_size": hvd.local_size(),  # Horovod's own view of the placement (the record's topology agrees)
             "cross_size": hvd.cross_size(),
             "built": {"gloo": hvd.gloo_built(), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())},

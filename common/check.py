@@ -45,9 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from common import launches
 from common.cluster import container
 from common.core import registry
-from common.core.errors import fail
+from common.core.errors import UsageError, fail
 from common.core.results import EVALUATION_META
 from common.core.text import text_table
 from common.workload import argcheck
@@ -396,12 +397,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     plan = make_plan(args)
     try:
-        container.parse()  # the site's container (TWINBENCH_CONTAINER): every run of the check inside its image
-    except container.ContainerError as e:
+        box = container.parse()  # the site's container (TWINBENCH_CONTAINER): every run of the check inside its image
+        env, said = launches.resolve(sorted({k.backend for k in plan.keys}), box.python if box else sys.executable)
+    except (container.ContainerError, UsageError) as e:
         fail(PROG, str(e))
+    print("\n".join(f"[check] {line}" for line in said), flush=True)
     root = Path(args.results) if args.results else Path(tempfile.mkdtemp(prefix="twinbench-check-"))
     try:
-        records = run_all(plan, root, args.timeout)
+        with launches.exported(env):
+            records = run_all(plan, root, args.timeout)
     finally:
         if not args.results:
             shutil.rmtree(root, ignore_errors=True)

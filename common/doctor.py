@@ -3,7 +3,8 @@
 ``python -m common.doctor --stack``: can this stack (a container's or a module's Python, twinbench run from its
 checkout) run both backends as it is, nothing built: one line each for TensorFlow (2.16-2.21), tf-keras (TensorFlow's
 minor, present or installable beside it), Horovod (imports with TensorFlow support; twinbench's build or found), its
-controllers and GPU operations (what ``horovodrun --check-build`` lists), MPI, and the verdict; exit 0 when both
+controllers and GPU operations (what ``horovodrun --check-build`` lists), MPI, how twinbench would launch Horovod's
+ranks (the controller the build has or TWINBENCH_HOROVOD_CONTROLLER names), and the verdict; exit 0 when both
 backends can run, else 2."""
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def check() -> dict[str, Any]:
 
 
 # -- the stack as it is -------------------------------------------------------------------------------------------
+HOROVOD_CONTROLLER_ENV = "TWINBENCH_HOROVOD_CONTROLLER"  # how the ranks are launched (backends/horovod_launch.py)
 SUPPORTED_TF = ((2, 16), (2, 21))  # TensorFlow minors twinbench runs on (tf-keras exists, Horovod 0.28.1 builds)
 
 
@@ -97,6 +99,7 @@ def stack_facts() -> dict[str, Any]:
                                   "nccl": int(hvd.nccl_built()), "cuda": bool(hvd.cuda_built()),
                                   "rocm": bool(hvd.rocm_built())}
         facts["horovod_build"] = "twinbench's build" if buildinfo.read_marker() else "found in the stack"
+        facts["horovod_controller_asked"] = os.environ.get(HOROVOD_CONTROLLER_ENV)
     except Exception as e:  # noqa: BLE001 - any import failure is the fact
         facts["horovod_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
     mpirun = shutil.which("mpirun")
@@ -140,8 +143,13 @@ def judge_stack(f: dict[str, Any]) -> tuple[list[str], bool, bool]:
         lines.append(f"horovod GPU operations: {gpu}")
     lines.append(f"mpi: {f['mpi']}" if f.get("mpi") else
                  "mpi: no mpirun on PATH (Horovod runs under horovodrun --gloo or srun --mpi=pmix)")
+    launch_ok = False
+    if built is not None:
+        launch_lines, launch_ok = registry.load("horovod").stack_launch(built, f.get("horovod_controller_asked"),
+                                                                        f.get("mpi"))
+        lines += launch_lines
     native = tf_ok and keras_ok
-    hvd = native and built is not None and bool(built["mpi"] or built["gloo"])
+    hvd = native and launch_ok
     lines.append(f"backends: native {'can run' if native else 'cannot run'}, horovod "
                  f"{'can run' if hvd else 'cannot run'}")
     return lines, native, hvd

@@ -11,7 +11,7 @@ VENV=${VENV:-.venv}  # the environment to run: .venv (TensorFlow 2.21) or .venv-
 PY=$VENV/bin/python
 JOB=${JOB:-jobs/demo.toml}
 OUT=${OUT:-demo-results}
-MODE=${MODE:-ctl}  # the breakdown's loop: with ctl the diagnostic runs are the same job (hash) as the benchmark
+MODE=${MODE:-}  # fit or ctl for every run; empty: the job's own mode (the breakdown splits ctl jobs only)
 STEPS=${STEPS:-200}  # the job file's 12 steps test correctness; 200 (10 untimed) give the timing something to average
 REPEATS=${REPEATS:-6}  # runs per backend x world size: 6 give each cell a 95% CI and the verdict (2-5: a range only)
 UNTIL=${UNTIL:-}  # e.g. 5%: add rounds until every cell's interval is within 5% of its median (empty: REPEATS only)
@@ -36,16 +36,29 @@ try:
 except ValueError as e:
     sys.exit("demo: " + str(e).replace("--until", "UNTIL", 1))' "$UNTIL") || exit 2  # as a percentage: 0.05 -> 5%
 fi
+SET_MODE=(); if [[ -n $MODE ]]; then SET_MODE=(--set mode="$MODE"); fi
 # The job as every run would load it, its functions' arguments and its paths (common.workload.argcheck): a mistake
-# is one line and exit 2 here, not the same error in each of the demo's runs
-$PY -c 'import sys
+# is one line and exit 2 here, not the same error in each of the demo's runs. It prints the mode the runs get and
+# why the step-time breakdown cannot split this job (empty when it can).
+job_facts=$($PY -c 'import sys
 from pathlib import Path
+from common.diagnostics.breakdown import breakdown_refusal
 from common.workload import argcheck
 from common.workload.job import JobError, load_job
 try:
-    argcheck.refuse(load_job(sys.argv[1], [f"mode={sys.argv[2]}", f"steps={sys.argv[3]}"]), Path.cwd())
+    job = load_job(sys.argv[1], [f"steps={sys.argv[2]}", *(["mode=" + sys.argv[3]] if sys.argv[3] else [])])
+    argcheck.refuse(job, Path.cwd())
 except JobError as e:
-    sys.exit(f"demo: JOB={sys.argv[1]}: {e}")' "$JOB" "$MODE" "$STEPS" || exit 2
+    sys.exit(f"demo: JOB={sys.argv[1]}: {e}")
+print(job.mode)
+print(breakdown_refusal(job) or "")' "$JOB" "$STEPS" "$MODE") || exit 2
+{ read -r RUN_MODE; read -r NO_BREAKDOWN || true; } <<< "$job_facts"
+# How each backend's ranks are launched (Horovod: the controller its build has, or TWINBENCH_HOROVOD_CONTROLLER),
+# resolved once and exported to every launch line; a launch that cannot run is one line and exit 2 here.
+launch_said=$(mktemp "${TMPDIR:-/tmp}/twinbench-demo-launch.XXXXXX")
+launch_vars=$($PY -m backends launch-env 2>"$launch_said") || { tail -n 1 "$launch_said" | sed 's/^backends: error: /demo: /' >&2; rm -f "$launch_said"; exit 2; }
+LAUNCH_LINES=$(sed 's/^/[demo] /' "$launch_said"); rm -f "$launch_said"
+while IFS= read -r kv; do [[ -n $kv ]] && export "${kv?}"; done <<< "$launch_vars"
 mkdir -p "$OUT/logs"
 # One demo is one comparison: results of an earlier demo are moved aside (kept, not read by the report).
 if compgen -G "$OUT/*.json" > /dev/null; then
@@ -70,8 +83,9 @@ run() {
     echo "FAILED (exit $rc), see $OUT/logs/$name.log:"; tail -20 "$OUT/logs/$name.log"; FAILED+=("$name")
   fi
 }
-COMMON=(--job "$JOB" --set mode="$MODE" --set steps="$STEPS" --set timing_warmup_steps=10 --results "$OUT")
-echo "twinbench demo: $JOB, mode $MODE, $STEPS steps, $REPEATS repeat(s)${UNTIL:+ then more until within $WITHIN (at most $MAX_REPEATS)}, results in $OUT/ (one run at a time: concurrent runs would measure each other)"
+COMMON=(--job "$JOB" ${SET_MODE[@]+"${SET_MODE[@]}"} --set steps="$STEPS" --set timing_warmup_steps=10 --results "$OUT")
+echo "twinbench demo: $JOB, mode $RUN_MODE$([[ -n $MODE ]] && echo " (MODE=$MODE)" || echo " (the job's)"), $STEPS steps, $REPEATS repeat(s)${UNTIL:+ then more until within $WITHIN (at most $MAX_REPEATS)}, results in $OUT/ (one run at a time: concurrent runs would measure each other)"
+echo "$LAUNCH_LINES"
 # One cell = one backend at one world size, started by the backend's own local launcher (python -m backends).
 cell() {
   local backend=$1 n=$2 tag=$3 cmd
@@ -123,17 +137,24 @@ for b in "${BACKENDS[@]}"; do
 done
 # Step-time breakdown: a DIAGNOSTIC run per backend x world size (the custom loop's step with its phases serialized
 # and timed on the device; its own kind of record, never in the benchmark figures), after the benchmark runs so it
-# cannot disturb them. The breakdown splits the custom loop's step: with MODE=ctl (the default) it is the benchmark's
-# job, same hash, so the report compares the two step times and the planner finds its overlap.
-DIAG=(--job "$JOB" --set mode=ctl --set steps="$STEPS" --set timing_warmup_steps=10 --diagnose breakdown
-      --results "$OUT")
-for n in 1 2; do
-  for b in "${BACKENDS[@]}"; do
-    mapfile -t cmd < <($PY -m backends command "$b" "$n" "${DIAG[@]}")
-    run "breakdown-$b-$n" diag "${cmd[@]}"
+# cannot disturb them. It runs the benchmark's own job (same mode, same hash), so the report compares the two step
+# times and the planner finds its overlap; it splits the custom loop's step only, so a fit job has none (said once:
+# a breakdown of the ctl loop would be another job, whose "benchmark step" the report could not show).
+DIAG=(--job "$JOB" ${SET_MODE[@]+"${SET_MODE[@]}"} --set steps="$STEPS" --set timing_warmup_steps=10
+      --diagnose breakdown --results "$OUT")
+BREAKDOWN_SKIPPED=""
+if [[ -n $NO_BREAKDOWN ]]; then
+  BREAKDOWN_SKIPPED=${NO_BREAKDOWN//--set mode=/MODE=}  # the breakdown's own one-line refusal, in the demo's terms
+else
+  for n in 1 2; do
+    for b in "${BACKENDS[@]}"; do
+      mapfile -t cmd < <($PY -m backends command "$b" "$n" "${DIAG[@]}")
+      run "breakdown-$b-$n" diag "${cmd[@]}"
+    done
   done
-done
+fi
 echo
+if [[ -n $BREAKDOWN_SKIPPED ]]; then echo "[demo] skipped the step-time breakdown: $BREAKDOWN_SKIPPED"; fi
 for s in "${SKIPPED[@]}"; do echo "[demo] skipped $s"; done
 if ((${#FAILED[@]})); then
   echo "[demo] ${#FAILED[@]} run(s) FAILED (${FAILED[*]}): the report below holds the runs that finished"

@@ -32,7 +32,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from common import launches  # noqa: E402
 from common.core import registry  # noqa: E402  (no TensorFlow: the backends' modules load lazily)
+from common.core.errors import UsageError  # noqa: E402
 
 NO_GPU = 3
 RANKS = 2
@@ -216,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     if results.exists() and (not results.is_dir() or any(results.iterdir())):
         print(f"gpu-check: --results {args.results} is not empty: give a new directory", file=sys.stderr)
         return 2
+    try:
+        env, said = launches.resolve(registry.names(), sys.executable)
+    except UsageError as e:  # e.g. a Horovod without a controller: one line, before anything starts
+        print(f"gpu-check: {e}", file=sys.stderr)
+        return 2
     made = not results.exists()
     logs = results / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -226,14 +233,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: no GPU on this machine (TensorFlow {facts.get('tensorflow')} sees none): run it on a GPU "
               "node", file=sys.stderr)
         return NO_GPU
+    print("\n".join(f"gpu-check: {line}" for line in said), flush=True)
     runs, breakdowns = {}, {}
-    for name in registry.names():
-        print(f"gpu-check: {name} at {RANKS} ranks ...", flush=True)
-        runs[name] = _one_run(name, ["--job", str(job)], results, logs / f"{name}.log", "train")
-    for name in registry.names():
-        print(f"gpu-check: {name} breakdown at {RANKS} ranks ...", flush=True)
-        diag = ["--job", str(job), "--set", "mode=ctl", "--diagnose", "breakdown"]
-        breakdowns[name] = _one_run(name, diag, results, logs / f"breakdown-{name}.log", "breakdown")
+    with launches.exported(env):  # the runs' launch lines (Horovod's controller, resolved once above)
+        for name in registry.names():
+            print(f"gpu-check: {name} at {RANKS} ranks ...", flush=True)
+            runs[name] = _one_run(name, ["--job", str(job)], results, logs / f"{name}.log", "train")
+        for name in registry.names():
+            print(f"gpu-check: {name} breakdown at {RANKS} ranks ...", flush=True)
+            diag = ["--job", str(job), "--set", "mode=ctl", "--diagnose", "breakdown"]
+            breakdowns[name] = _one_run(name, diag, results, logs / f"breakdown-{name}.log", "breakdown")
     report_ok = _run([sys.executable, "-m", "common.report", str(results), "--out", str(results / "report")],
                      logs / "report.log") == 0
     checks = evaluate(facts, runs, breakdowns, report_ok)

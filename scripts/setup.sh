@@ -221,14 +221,23 @@ for p in "${PATCHES[@]}"; do
   patch_ids+=("$(sha256sum "$p" | cut -c1-12)")
   patch_args+=(--patch "$p")
 done
+# TWINBENCH_HOROVOD_GLOO=0: Horovod without Gloo, MPI controller only, as conda-forge builds it
+# (HOROVOD_WITHOUT_GLOO=1): what `make test-nogloo` runs twinbench's own launches on, in an environment of its own.
+nogloo=0
+if [ "${TWINBENCH_HOROVOD_GLOO:-1}" = 0 ]; then
+  nogloo=1
+  BUILD_ENV=("${BUILD_ENV[@]/#HOROVOD_WITH_GLOO=1/HOROVOD_WITHOUT_GLOO=1}")
+fi
 build_id="horovod-$HOROVOD_VERSION-tf$TF_VERSION-$pytag"
 if [ -n "$TF_SITE_ID" ]; then build_id+="-site$TF_SITE_ID"; fi   # a site's build of that version: its own wheel
 if [ ${#patch_ids[@]} -gt 0 ]; then build_id+="-p$(IFS=-; echo "${patch_ids[*]}")"; fi
 if [ $gpu_build = 1 ]; then build_id+="-gpu"; fi
+if [ $nogloo = 1 ]; then build_id+="-nogloo"; fi
 wheeldir="$CACHE/$build_id"
 
 foreign_hvd=""
-if { [ $HOROVOD_ONLY = 1 ] || [ "$TB_TF" = site ]; } && [ "${TWINBENCH_REBUILD_HOROVOD:-0}" != 1 ] \
+# (a Gloo-less build's environment sees the main one's Horovod beneath its own: never "already there")
+if { [ $HOROVOD_ONLY = 1 ] || [ "$TB_TF" = site ]; } && [ "${TWINBENCH_REBUILD_HOROVOD:-0}" != 1 ] && [ $nogloo = 0 ] \
    && ! "$VPY" -m common.core.buildinfo check "$build_id" >/dev/null 2>&1; then
   # A Horovod the environment already has (a site module's, a container's) and that works is never replaced.
   foreign_hvd=$("$VPY" -c 'import horovod, horovod.tensorflow as h
@@ -281,7 +290,10 @@ else
   fi
   whl=$(ls "$wheeldir"/horovod-*.whl | head -n 1)
   # --force-reinstall: an installed horovod of the same version may be one built against another TF or patch.
-  "$VPY" -m pip install -q --no-deps --force-reinstall "$whl"
+  # A Gloo-less build goes into its own environment's site-packages (--ignore-installed: the main environment's
+  # Horovod, which that environment also sees, is shadowed, never uninstalled).
+  if [ $nogloo = 1 ]; then reinstall=--ignore-installed; else reinstall=--force-reinstall; fi
+  "$VPY" -m pip install -q --no-deps "$reinstall" "$whl"
   # horovod's own runtime deps (not pulled with --no-deps)
   "$VPY" -m pip install -q cloudpickle psutil pyyaml packaging cffi
   env "${BUILD_ENV[@]}" "$VPY" -m common.core.buildinfo write --build-id "$build_id" "${patch_args[@]}" --wheel "$whl" \

@@ -110,11 +110,11 @@ def run(cmd: list[str], *, timeout: int = RUN_TIMEOUT, env: dict[str, str] | Non
 
 
 def mpirun_command(n: int, args: list[str], python: str = PY) -> list[str]:
-    """``n`` local Horovod ranks under OpenMPI's mpirun (Horovod's MPI controller), unbound as under horovodrun.
-    Ranks that wait yield the CPU (``mpi_yield_when_idle``): Open MPI busy-polls unless a node is oversubscribed, and
-    two ranks on two cores are not, though the suite's other worker runs its own processes on the same cores."""
-    return ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
-            python, "-m", "backends.horovod", *args]
+    """``n`` local Horovod ranks under mpirun (Horovod's MPI controller): the product's MPI launch line
+    (backends/horovod_launch.py: unbound as under horovodrun, idle ranks yielding the CPU)."""
+    from backends import horovod
+
+    return horovod.launch_command(f"localhost:{n}", n, args, python, controller="mpi")
 
 
 def backend_cmd(kind: str, results: Path, *extra: str, workers: int = 2, job: str = SMOKE,
@@ -122,7 +122,7 @@ def backend_cmd(kind: str, results: Path, *extra: str, workers: int = 2, job: st
     """``workers`` local ranks of backend ``kind`` on ``job``: native by --nproc; Horovod's ranks by mpirun, the
     tests' launcher (about 1.5 s less per run than horovodrun's start-up; the same math under either controller:
     tests/test_backends.py::test_horovod_under_mpirun_matches_gloo), or with ``own_launcher`` by the backend's own
-    (horovodrun --gloo), for the tests of that launcher."""
+    (by the controller the build has: horovodrun --gloo on the default build), for the tests of that launcher."""
     args = ["--job", job, "--results", str(results), "--quiet", *extra]
     if kind == "horovod" and workers > 1 and not own_launcher:
         return mpirun_command(workers, args)

@@ -5,6 +5,7 @@ on every backend, mode and world size, and of a rank-dependent model (exit 1), i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -207,6 +208,29 @@ def test_an_unsharded_input_function_is_not_a_clean_pass(monkeypatch, capsys):
     fake_runs(monkeypatch, lambda k: piped("a", "a") if k != RunKey("horovod", "ctl", 2) else piped("b", "b"))
     code, _, err = _main(capsys, "--modes", "ctl")
     assert code == 1 and "saw different data" in err
+
+
+def test_a_horovod_launch_the_build_cannot_run_is_one_line_before_any_run(monkeypatch, capsys):
+    from backends import horovod_launch
+
+    ran = fake_runs(monkeypatch)
+    monkeypatch.setattr(horovod_launch, "built", lambda probe: {"gloo": False, "mpi": True})  # conda-forge's build
+    monkeypatch.setenv(horovod_launch.ENV, "gloo")
+    with pytest.raises(SystemExit) as e:
+        check.main(["--job", SMOKE])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and ran == [] and out == ""
+    assert err.strip().splitlines() == [
+        "common.check: error: TWINBENCH_HOROVOD_CONTROLLER=gloo: this Horovod was built without Gloo (MPI only): use "
+        "TWINBENCH_HOROVOD_CONTROLLER=mpi or auto"]
+    monkeypatch.delenv(horovod_launch.ENV)  # auto: the MPI launch, said once before the runs, exported to them
+    seen = []
+    monkeypatch.setattr(check, "run_one", lambda plan, key, out, timeout: (
+        seen.append(os.environ.get(horovod_launch.ENV)) or record(), ""))
+    assert check.main(["--job", SMOKE, "--modes", "ctl"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == \
+        "[check] horovod ranks: mpirun (MPI controller; auto: this Horovod has MPI only)"
+    assert seen == ["mpi"] * 4 and horovod_launch.ENV not in os.environ
 
 
 def test_a_failed_run_stops_the_check_with_its_tail(monkeypatch, capsys):

@@ -1,5 +1,6 @@
 """scripts/demo.sh's UNTIL=5% loop, with every benchmark run replaced by tests/fake_demo_run.py (a fake
-venv whose python answers ``-m backends command`` with it): fast, no TensorFlow. And its bad settings."""
+venv whose python answers ``-m backends command`` with it, and writes each command it was asked for to
+commands.txt): fast, no TensorFlow. And its bad settings."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def fake_demo(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedProc
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text(f"""#!/usr/bin/env bash
 if [[ $1 == -m && $2 == backends && $3 == command ]]; then
+  echo "${{*:4}}" >> {tmp_path / "commands.txt"}
   printf '%s\\n' {sys.executable} {REPO / "tests" / "fake_demo_run.py"} "${{@:4}}"; exit 0
 fi
 exec {sys.executable} "$@"

@@ -124,3 +124,16 @@ def test_bad_input_is_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"gpu-check: --results {tmp_path / 'full'} is not empty: give a new directory",
                    f"gpu-check: --job {tmp_path / 'nope.toml'}: no such file"]
+
+
+def test_a_horovod_launch_that_cannot_run_is_one_line_before_the_doctor(tmp_path, monkeypatch, capsys):
+    def doctor(log):
+        raise AssertionError("the doctor (TensorFlow) must not start")
+
+    monkeypatch.setattr(gpu_check, "doctor_facts", doctor)
+    monkeypatch.setenv("TWINBENCH_HOROVOD_CONTROLLER", "nccl")
+    out = tmp_path / "new"
+    assert gpu_check.main(["--results", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gpu-check: TWINBENCH_HOROVOD_CONTROLLER='nccl': must be one of auto, gloo, mpi"]
+    assert not out.exists()

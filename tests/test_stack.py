@@ -151,6 +151,27 @@ _STACK = {"python": "3.11.2", "tensorflow": "2.21.0", "tf_keras": "2.21.0", "hor
     ({"horovod_built": {"mpi": True, "gloo": False, "nccl": 21903, "cuda": True, "rocm": False}},
      "horovod GPU operations: NCCL", True, True),
     ({"mpi": None}, "mpi: no mpirun on PATH (Horovod runs under horovodrun --gloo or srun --mpi=pmix)", True, True),
+    ({}, "horovod launch, local and multi-host: horovodrun --gloo (Gloo controller; TWINBENCH_HOROVOD_CONTROLLER "
+         "auto, the build has MPI, Gloo)", True, True),
+    # conda-forge's build (HOROVOD_WITHOUT_GLOO=1): its ranks under mpirun, never horovodrun --gloo
+    ({"horovod_built": {"mpi": True, "gloo": False, "nccl": 0, "cuda": False, "rocm": False}},
+     "horovod launch, local and multi-host: mpirun (MPI controller; TWINBENCH_HOROVOD_CONTROLLER auto, the build "
+     "has MPI only)", True, True),
+    ({"horovod_built": {"mpi": True, "gloo": False, "nccl": 0, "cuda": False, "rocm": False}, "mpi": None},
+     "horovod launch: cannot run: the MPI controller (TWINBENCH_HOROVOD_CONTROLLER auto, the build has MPI only) "
+     "needs mpirun: none on PATH", True, False),
+    ({"horovod_built": {"mpi": True, "gloo": False, "nccl": 0, "cuda": False, "rocm": False},
+      "horovod_controller_asked": "gloo"},
+     "horovod launch: cannot run: TWINBENCH_HOROVOD_CONTROLLER=gloo: this Horovod was built without Gloo (MPI only): "
+     "use TWINBENCH_HOROVOD_CONTROLLER=mpi or auto", True, False),
+    ({"horovod_controller_asked": "mpi"}, "horovod launch, local and multi-host: mpirun (MPI controller; "
+                                          "TWINBENCH_HOROVOD_CONTROLLER=mpi)", True, True),
+    ({"horovod_controller_asked": "gloo-please"},
+     "horovod launch: cannot run: TWINBENCH_HOROVOD_CONTROLLER='gloo-please': must be one of auto, gloo, mpi", True,
+     False),
+    ({"horovod_built": {"mpi": False, "gloo": True, "nccl": 0, "cuda": False, "rocm": False}},
+     "horovod launch, Slurm job steps: srun --mpi=pmix cannot run (Gloo only: srun gives Gloo no rendezvous; use the "
+     "sweep's --hvd-launch horovodrun)", True, True),
 ])
 def test_the_stack_doctor_says_what_can_run_in_one_line_each(change, line, native, hvd):
     from common import doctor
