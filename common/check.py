@@ -49,8 +49,10 @@ from common import launches
 from common.cluster import container
 from common.core import registry
 from common.core.errors import UsageError, fail
-from common.core.results import EVALUATION_META
+from common.core.privacy import public
+from common.core.results import EVALUATION_META, now_iso, write_atomic
 from common.core.text import text_table
+from common.report.migrate import CHECK_FILE, check_summary
 from common.workload import argcheck
 from common.workload.job import MODES, JobError, load_job
 
@@ -416,8 +418,18 @@ def main(argv: list[str] | None = None) -> int:
     status, line = verdict(rows, unsharded(records), len(left_out))
     print(line, file=sys.stderr if status else sys.stdout)
     if args.results:
-        print(f"[check] runs kept in {root}")
+        write_summary(plan, root, status, line)
+        print(f"[check] runs kept in {root}, the verdict in {root / CHECK_FILE}")
     return status
+
+
+def write_summary(plan: Plan, root: Path, status: int, line: str) -> Path:
+    """``ROOT/check.json``: the job as the user gave it (their --set, not the check's own steps), its hash and the
+    verdict, which the report's "leave Horovod" section reads (common/report/migrate.py): a check kept in a
+    subdirectory of a results directory is found there, while its runs, a level deeper, are not taken as benchmarks."""
+    job = load_job(plan.job, list(plan.sets[:-1]))
+    summary = check_summary(public(job.to_dict()), job.job_hash, status, line, RTOL, now_iso())
+    return write_atomic(root / CHECK_FILE, json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -182,6 +182,22 @@ def test_main_runs_every_configuration_once_and_agrees(monkeypatch, capsys):
     assert out.strip().splitlines()[-1] == "all 12 pairs agree to 1e-05" and "not compared" not in out
 
 
+def test_a_kept_check_writes_the_verdict_the_reports_leave_horovod_section_reads(monkeypatch, capsys, tmp_path):
+    """--results DIR: DIR/check.json holds the user's job (their --set, not the check's steps) and the verdict, and
+    the report finds it one level below a results directory, as the same math of that job."""
+    from common.report import migrate
+    from common.workload.job import load_job
+
+    fake_runs(monkeypatch, lambda k: record(losses=[1.0, 0.5 + (k.backend == "horovod") * 0.1]))
+    code, _, _ = _main(capsys, "--set", "seed=7", "--results", str(tmp_path / "check"))
+    assert code == 1
+    (found,) = migrate.load_checks([tmp_path])
+    job = load_job(SMOKE, ["seed=7"])
+    assert (found.job_hash, found.status) == (job.job_hash, 1) and found.job["seed"] == 7
+    assert found.job["steps"] == job.steps  # the job's own steps, not the check's
+    assert "differ" in found.line
+
+
 def test_main_names_every_pair_it_leaves_out_and_why(monkeypatch, capsys):
     """An input function (fingerprints in the records): 1 worker vs 2 workers is left out per backend, each named."""
     fake_runs(monkeypatch, lambda k: piped("x") if k.workers == 1 else piped("a", "b"))
