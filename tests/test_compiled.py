@@ -197,7 +197,8 @@ def scheduled():
 @pytest.mark.parametrize("lines, match", [
     ({"learning_rate": "0.01"}, r"^learning_rate = 0.01 in the job, but model = 'cpk.fns:tutorial' compiled "
                                 r"learning_rate 0.001"),
-    ({"optimizer": '"adam"'}, r"^optimizer = 'adam' in the job, but .* compiled tf_keras.src.optimizers.sgd.SGD"),
+    ({"optimizer": '"adam"'}, r"^optimizer = 'adam' in the job, but .* compiled tf_keras.src.optimizers.sgd.SGD "
+                              r"\(learning_rate 0.001, momentum=0.0, nesterov=False\)"),
     ({"optimizer": '"momentum"'}, r"^optimizer = 'momentum' in the job"),
     ({"optimizer_args": "{ momentum = 0.9 }"}, r"^optimizer_args momentum = 0.9 in the job, but .* momentum = 0.0"),
     ({"loss": '"mse"'}, r"^loss = 'mse' in the job, but .* compiled loss 'sparse_categorical_crossentropy'"),

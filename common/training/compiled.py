@@ -71,12 +71,16 @@ class Compiled:
 
     def describe(self) -> str:
         """One line for the banner."""
-        config = {k: v for k, v in _plain(self.optimizer_config).items()
-                  if k in ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "amsgrad")}
         lr = f"schedule {self.schedule['class']}" if self.schedule else f"learning_rate {self.learning_rate:g}"
-        return (f"{self.optimizer_class.__name__}({lr}, {', '.join(f'{k}={v}' for k, v in config.items())}); "
+        return (f"{self.optimizer_class.__name__}({lr}, {_shown(self.optimizer_config)}); "
                 f"loss {self.loss or '(none compiled: the job loss)'}; metrics "
                 f"{list(self.metrics) if self.metrics is not None else '(none compiled: the job metrics)'}")
+
+
+def _shown(config: dict[str, Any]) -> str:
+    """The update's settings of an optimizer config, as ``k=v`` text."""
+    keys = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "amsgrad")
+    return ", ".join(f"{k}={v}" for k, v in _plain(config).items() if k in keys)
 
 
 def _name(cls: type) -> str:
@@ -199,7 +203,8 @@ def check_job(job: Job, compiled: Compiled) -> None:
     if "optimizer" in given and (usercode.is_ref(job.optimizer)
                                  or _BUILTIN_CLASS.get(job.optimizer) != compiled.optimizer_class.__name__
                                  or (job.optimizer == "momentum" and config.get("momentum") != job.momentum)):
-        clash("optimizer", f"{compiled.compiled_class}")
+        lr = "a schedule" if compiled.schedule else f"learning_rate {compiled.learning_rate:g}"
+        clash("optimizer", f"{compiled.compiled_class} ({lr}, {_shown(config)})")
     for arg, value in job.optimizer_args.items() if "optimizer_args" in given else ():
         if _plain({arg: config.get(arg)})[arg] != value:
             raise usercode.UserCodeError(f"optimizer_args {arg} = {value!r} in the job, but {compiled_as} "
