@@ -20,6 +20,7 @@ never replaced in silence.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import numpy as np
@@ -88,12 +89,15 @@ def _name(cls: type) -> str:
 
 
 def _plain(config: dict[str, Any]) -> dict[str, Any]:
-    """A config as JSON values (numpy scalars as numbers, objects by their class name)."""
+    """A config as JSON values (numpy scalars as numbers, a float32 in its shortest decimal, lists such as a
+    schedule's boundaries as they are, other objects by their class name)."""
     out = {}
     for k, v in config.items():
-        if isinstance(v, np.generic):
-            v = v.item()
-        out[k] = v if isinstance(v, str | int | float | bool | type(None)) else _name(type(v))
+        v = f32(v) if isinstance(v, np.float32) else v.item() if isinstance(v, np.generic) else v
+        try:
+            out[k] = json.loads(json.dumps(v, allow_nan=False))
+        except (TypeError, ValueError):
+            out[k] = _name(type(v))
     return out
 
 
