@@ -245,9 +245,19 @@ def model_boom(input_shape, num_classes):
 def model_keras3(input_shape, num_classes):
     import keras
     return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(num_classes)])
+
+def model_compiled(*, loss_only=False):
+    import tensorflow as tf
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    if loss_only:  # compile()'s default optimizer: rmsprop
+        model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    else:
+        model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=0.001), loss="mse")
+    return model
 """
 
-# case -> (job file lines, the key the error names, a fragment of the message); the last four need TensorFlow
+# case -> (job file lines, the key the error names, a fragment of the message); from model_raises on they
+# need TensorFlow
 BAD_CASES = {
     "no_module": ('model = "nopkg.m:build"', "model", "module 'nopkg' not found"),
     "no_function": ('model = "pkg.things:nosuch"', "model", "has no function 'nosuch'"),
@@ -262,6 +272,12 @@ BAD_CASES = {
     "keras3": ('model = "pkg.things:model_keras3"', "model", "returned a Keras 3 model"),
     "builtin_model_without_classes": ('dataset = "pkg.things:floats"\nmodel = "mlp"', "model",
                                       "its labels are not integers, so set num_classes"),
+    # a compiled model (common/training/compiled.py): a job key set to the default value still contradicts it
+    "compiled_vs_job_key": ('model = "pkg.things:model_compiled"\nlearning_rate = 0.01', "learning_rate",
+                            "learning_rate = 0.01 in the job, but model = 'pkg.things:model_compiled' compiled "
+                            "learning_rate 0.001"),
+    "compiled_default_rmsprop": ('model = "pkg.things:model_compiled"\nmodel_args = { loss_only = true }', "model",
+                                 "(compile()'s default optimizer is rmsprop), which twinbench cannot rebuild"),
 }
 TF_LOG_PREFIXES = ("I0000", "W0000", "E0000", "WARNING: All log messages")  # TensorFlow's own start-up lines
 

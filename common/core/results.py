@@ -118,6 +118,10 @@ class RunRecord:
     # NCCL's network per rank, in rank order (common.cluster.nccl.parse: transport, interfaces, plugin, inferred);
     # None without a finding on any rank (CPU runs, a user's own NCCL_DEBUG without a file)
     nccl_transport: list[dict[str, Any] | None] | None = None
+    # a model its function returned compiled (common.training.compiled): the optimizer (class, compiled class,
+    # config), base learning_rate, schedule, loss and metrics trained in place of the job's keys; None: the job's
+    # keys trained (every file before this field: their writers never honoured a compiled model)
+    compiled: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (a deep copy), keys in field order."""

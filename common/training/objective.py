@@ -83,6 +83,58 @@ def loss_from(key: str, value: str, reduction: Any) -> Any:
     return wrapper(found, reduction=reduction, name=value)
 
 
+def compiled_loss(ref: str, loss: Any) -> str | None:
+    """The job ``loss`` value that builds the loss a model function compiled (``loss_from``; common/training/
+    compiled.py), or None for no loss; UserCodeError naming ``model = ref`` when no job value builds it exactly."""
+    import tensorflow as tf
+
+    if loss is None:
+        return None
+    losses = tf.keras.losses
+    shown = loss if isinstance(loss, str) else f"{type(loss).__name__}({_loss_text(loss)})" \
+        if isinstance(loss, losses.Loss) else getattr(loss, "__name__", type(loss).__name__)
+    if isinstance(loss, str):
+        try:
+            found = losses.get(loss)
+        except (ValueError, TypeError):
+            found = None
+        if found is not None:
+            # by its class name when it is one: job loss "sparse_categorical_crossentropy" means from logits
+            return type(found).__name__ if isinstance(found, losses.Loss) else _by_name(loss)
+    elif isinstance(loss, losses.Loss) and getattr(losses, type(loss).__name__, None) is type(loss):
+        mine = _loss_settings(loss)
+        if type(loss) is losses.SparseCategoricalCrossentropy and mine == {
+                **_loss_settings(losses.SparseCategoricalCrossentropy()), "from_logits": True}:
+            return DEFAULT_LOSS
+        if mine == _loss_settings(type(loss)()):
+            return type(loss).__name__
+    elif callable(loss) and getattr(losses, getattr(loss, "__name__", ""), None) is loss:
+        return _by_name(loss.__name__)
+    raise usercode.UserCodeError(f"model = {ref!r} was compiled with loss {shown}, which twinbench cannot carry over "
+                                 "exactly: compile without a loss and set loss in the job (a tf.keras.losses name, "
+                                 "or \"package.module:function\" returning one value per example)")
+
+
+def _by_name(name: str) -> str:
+    """The job loss value of a tf.keras.losses function name: the job's default name means from logits, Keras'
+    function of that name takes probabilities, as the class does by default."""
+    return "SparseCategoricalCrossentropy" if name == DEFAULT_LOSS else name
+
+
+def _loss_settings(loss: Any) -> dict[str, Any]:
+    """A loss' configuration that changes its values (its name does not; the reduction twinbench sets itself unless
+    the user chose a sum)."""
+    config = dict(loss.get_config())
+    config.pop("name", None)
+    if config.get("reduction") in ("auto", "sum_over_batch_size"):
+        config.pop("reduction")
+    return config
+
+
+def _loss_text(loss: Any) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in _loss_settings(loss).items())
+
+
 def _per_output(job: Job, reduction: Any) -> dict[str, Any]:
     """``loss_per_output``'s losses by output name, each built as the job's ``loss`` is (``loss_from``)."""
     return {name: loss_from(f"loss_per_output[{name!r}]", value, reduction)

@@ -4,7 +4,8 @@ callbacks and the loops set their ``lr``), Keras 3's for ``keras = 3``.
 ``optimizer`` is a builtin name (sgd, momentum, adam, adamw: with ``keras = 2`` twinbench's legacy AdamW,
 common/training/legacy_adamw.py, as tf_keras has none), built with ``optimizer_args`` as keyword arguments of its
 constructor, or ``"package.module:function"``, called as ``function(learning_rate, **optimizer_args)`` with the
-run's learning rate (after ``lr_scaling``). An optimizer of the other family, or
+run's learning rate (after ``lr_scaling``). A model the model function compiled brings its own optimizer instead
+(common/training/compiled.py). An optimizer of the other family, or
 arguments its constructor refuses, is one line naming the key (exit 2, in every rank before the first step).
 """
 
@@ -15,16 +16,20 @@ from typing import Any
 
 from common.core.errors import one_line
 from common.training import keras3
+from common.training.compiled import Compiled
 from common.training.legacy_adamw import adamw_class
 from common.workload import usercode
 from common.workload.job import Job
 
 
-def build_optimizer(job: Job, lr: float) -> Any:
-    """The job's optimizer with learning rate ``lr`` (a Python float: the loops set it from the host per step)."""
+def build_optimizer(job: Job, lr: float, compiled: Compiled | None = None) -> Any:
+    """The job's optimizer with learning rate ``lr`` (a Python float: the loops set it from the host per step); the
+    model function's compiled one, rebuilt, when it returned a compiled model (``compiled``)."""
     import tensorflow as tf
 
-    if usercode.is_ref(job.optimizer):
+    if compiled is not None:
+        optimizer = compiled.rebuild(lr)
+    elif usercode.is_ref(job.optimizer):
         optimizer = usercode.call("optimizer", job.optimizer, lr, **job.optimizer_args)
     elif job.keras == 3:
         import keras

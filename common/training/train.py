@@ -25,6 +25,7 @@ from common.core import results as res
 from common.core.contract import Backend, Capabilities, tuning_record
 from common.core.errors import PeerLost, Preempted, UsageError
 from common.core.privacy import public_env
+from common.training import compiled as compiled_mod
 from common.training import evaluate, inputwait, keras3, loops, objective, observe, outputs, streamed
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
@@ -61,6 +62,8 @@ class Built:
     model: Any
     optimizer: Any
     checkpoint: Any
+    run: RunContext | None = None  # what the loops train by (compiled.context); the identity (hash) is ctx.job's
+    compiled: compiled_mod.Compiled | None = None
 
 
 @dataclass(frozen=True)
@@ -118,20 +121,23 @@ def peer_loss_as_error(watchdog: rel.Watchdog | None) -> Iterator[None]:
 
 def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog | None,
            heartbeat: rel.Heartbeat | None) -> res.RunRecord | None:
-    job, backend, opts, plan = ctx.job, ctx.backend, ctx.opts, ctx.plan
+    backend, opts, plan = ctx.backend, ctx.opts, ctx.plan
     built = build(ctx)
+    run = built.run or ctx  # what trains: the job's keys, or the compiled model's optimizer, loss and metrics
+    if run.verbose:  # the global batch, LR and optimizer: the model function may have compiled its own
+        print(compiled_mod.banner(run, built.compiled), flush=True)
     resume = find_resume(ctx, built)
     dataset = backend.make_dataset(training_input(ctx, resume.start_step))
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
-    hooks = StepHooks(ctx, resume.start_step, preemption, watchdog)
+    hooks = StepHooks(run, resume.start_step, preemption, watchdog)
     hooks.energy = energy.rank_meter()  # None without a GPU energy counter: the record's energy is then absent
     own_loop = backend.train_loop()
     if own_loop is None:  # the shared loops evaluate; a backend's own (parameter servers) does not
-        hooks.evaluator = streamed.make_evaluator(ctx, built.model) if plan.pipeline else \
-            evaluate.make_evaluator(job, built.model, backend, plan.steps_per_epoch, plan.total_steps)
-    loop = own_loop or (loops.run_fit if job.mode == "fit" else loops.run_ctl)
-    loop(ctx, built.model, built.optimizer, dataset, hooks)
+        hooks.evaluator = streamed.make_evaluator(run, built.model) if plan.pipeline else \
+            evaluate.make_evaluator(run.job, built.model, backend, plan.steps_per_epoch, plan.total_steps)
+    loop = own_loop or (loops.run_fit if run.job.mode == "fit" else loops.run_ctl)
+    loop(run, built.model, built.optimizer, dataset, hooks)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
     backend.sync_model_state(built.model)
     gathered = gather(ctx, built, hooks, resume, init_digest)
@@ -186,22 +192,18 @@ def training_input(ctx: RunContext, start_step: int) -> Callable[[int, int, int]
 
 
 def announce(ctx: RunContext) -> None:
-    """The chief prints the derived global batch and learning rate before anything else happens."""
+    """The chief prints the job, backend and replicas before anything else happens (the global batch and learning
+    rate once the model is built: ``compiled.banner``)."""
     job, backend, plan, opts = ctx.job, ctx.backend, ctx.plan, ctx.opts
     reason = observe.check_profile_steps(opts.profile_steps, plan.total_steps)
     if reason:  # on every rank: all of them exit 2
         raise UsageError(reason)
     if not ctx.verbose:
         return
-    info, replicas, lr = backend.info, plan.replicas, plan.learning_rate
+    info, replicas = backend.info, plan.replicas
     data = "input function" if plan.pipeline else f"{data_mod.dataset_info(job)[0]} samples"
     print(f"[twinbench] job {job.name!r} hash {job.job_hash} | backend {backend.name} | mode {job.mode} | "
-          f"{info.num_workers} worker(s) x {info.replicas_per_worker} replica(s) = {replicas} replicas", flush=True)
-    warm = f", warm-up {job.warmup_epochs} epoch(s) from {lr / replicas:g}" if job.warmup_epochs else ""
-    warm += f", then {job.lr_schedule}" if job.lr_schedule != "constant" else ""
-    print(f"[twinbench] global batch {plan.global_batch} = {plan.per_replica_batch} per replica x {replicas}; "
-          f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}; optimizer {job.optimizer}, "
-          f"keras {job.keras}); "
+          f"{info.num_workers} worker(s) x {info.replicas_per_worker} replica(s) = {replicas} replicas; "
           f"{plan.total_steps} steps, {plan.steps_per_epoch} steps/epoch, dataset {job.dataset} ({data}); "
           f"host syncs every {job.sync_interval} steps", flush=True)
 
@@ -236,10 +238,13 @@ def build(ctx: RunContext) -> Built:
     with backend.scope():
         inner = streamed.build_model(job, input_shape, num_classes) if pipeline else \
             models_mod.build_model(job, input_shape, num_classes)
+        compiled = compiled_mod.from_model(tf, job, inner)  # None unless the model function compiled it
+        run = ctx if compiled is None else compiled_mod.context(ctx, compiled)
+        job = run.job  # the compiled loss and metrics, if any
         if usercode.refs(job) or job.loss != DEFAULT_LOSS or job.loss_per_output:  # do they fit together?
             labels = pipeline["labels"] if pipeline else data_mod.label_sample(job)
             outputs.check(job, inner, labels, num_classes)
-        optimizer = build_optimizer(job, ctx.plan.learning_rate)
+        optimizer = build_optimizer(job, run.plan.learning_rate, compiled)
         if job.mode == "fit":
             model = _compile_for_fit(job, backend, inner, optimizer)
         else:
@@ -251,7 +256,7 @@ def build(ctx: RunContext) -> Built:
             keras3.create_slots(optimizer, model)
         else:
             getattr(optimizer, "inner_optimizer", optimizer)._create_all_weights(model.trainable_variables)
-    return Built(model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer))
+    return Built(model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer), run, compiled)
 
 
 def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> Any:
@@ -345,7 +350,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         job_hash=job.job_hash,
         job=job.to_dict(),
         global_batch_size=plan.global_batch,
-        learning_rate=plan.learning_rate,
+        learning_rate=(built.run or ctx).plan.learning_rate,
         steps=plan.total_steps,
         steps_per_epoch=plan.steps_per_epoch,
         step_losses=gathered.step_losses,
@@ -389,6 +394,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         # wall time is measured within one process' life: none across a resume
         time_to_target_s=None if resume.start_step else evaluate.time_to_target(
             gathered.evaluations, job.target_metric, job.target_value),
+        compiled=built.compiled.record() if built.compiled is not None else None,
     )
 
 

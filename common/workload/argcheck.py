@@ -9,8 +9,9 @@ what the call twinbench makes would refuse:
 
 - a keyword the function has no parameter for (unless it takes ``**kwargs``: then it accepts anything);
 - a parameter without a default that nothing gives;
-- fewer positional parameters than twinbench passes (``input_shape, num_classes`` to a model, ``input_context`` to
-  an input function, ``learning_rate`` to an optimizer, ``learning_rate, decay_steps`` to a schedule, ``y_true,
+- fewer positional parameters than twinbench passes (``input_shape, num_classes`` to a model with positional
+  parameters besides model_args', nothing to one without: ``usercode.takes_model_inputs``; ``input_context`` to an
+  input function, ``learning_rate`` to an optimizer, ``learning_rate, decay_steps`` to a schedule, ``y_true,
   y_pred`` to a loss), unless it takes ``*args``.
 
 A function the source does not show plainly (decorated, assigned, imported from elsewhere, defined under an ``if``)
@@ -180,6 +181,8 @@ def problems(job: Any) -> list[str]:
         passed, supplied = POSITIONAL[kind], frozenset()
         if kind == "dataset" and params.positional[:1] == (inputfn.PARAM,):
             passed, supplied = (inputfn.PARAM,), frozenset({inputfn.GLOBAL_BATCH})
+        if kind == "model" and not usercode.model_inputs_rule(params.positional, params.var_args, job.model_args):
+            passed = ()  # a model function without positional parameters is called with model_args only
         args_key = ARGS_KEY.get(kind)
         problem = call_problem(key, ref, params, passed, args_key, getattr(job, args_key) if args_key else {},
                                supplied)

@@ -398,6 +398,7 @@ def load_job(path: str | Path | None, sets: list[str] | tuple[str, ...] = ()) ->
     ``code_digest`` of the user modules' sources (found, not imported). Every rank and launcher calls this.
     """
     values = _read_values(path, sets)
+    given = frozenset(values)
     if usercode.is_ref(str(values.get("dataset", ""))):
         values.setdefault("num_classes", 0)  # not set: inferred from the labels
     job = Job(**values)
@@ -409,7 +410,15 @@ def load_job(path: str | Path | None, sets: list[str] | tuple[str, ...] = ()) ->
         digest = usercode.code_digest(job_refs, pythonpath) if job_refs else ""
     except usercode.UserCodeError as e:
         raise JobError(str(e)) from None
-    return dataclasses.replace(job, pythonpath=pythonpath, code_digest=digest)
+    job = dataclasses.replace(job, pythonpath=pythonpath, code_digest=digest)
+    object.__setattr__(job, "_given", given)  # not a field: neither hashed nor recorded (given_keys)
+    return job
+
+
+def given_keys(job: Job) -> frozenset[str]:
+    """The keys the job file or --set gave, even at their default (load_job's); else those not at their default."""
+    default = frozenset(k for k in FIELDS if k not in COMPUTED_KEYS and getattr(job, k) != default_of(k))
+    return getattr(job, "_given", default)
 
 
 def _read_values(path: str | Path | None, sets: list[str] | tuple[str, ...]) -> dict[str, Any]:

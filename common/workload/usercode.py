@@ -287,16 +287,74 @@ def _materialise(ref: str, ds: Any, split: str) -> tuple[np.ndarray, np.ndarray]
 # model
 # ----------------------------------------------------------------------------------------------------------------
 def build_model(tf: Any, job: Any, input_shape: tuple[int, ...], num_classes: int | None) -> Any:
-    """The user's model, ``function(input_shape, num_classes, **model_args)``: a model of the job's
-    Keras family (``keras``: 2 = tf.keras, i.e. tf_keras; 3 = Keras 3), made functional if it is not (fit needs its
-    inputs, the loss check its output shape), its output cast to float32 under mixed precision (Keras 2 only)."""
+    """The user's model, ``function(input_shape, num_classes, **model_args)`` (``function(**model_args)`` for a
+    function without other positional parameters: ``takes_model_inputs``): a model of the job's Keras family (``keras``:
+    2 = tf.keras, i.e. tf_keras; 3 = Keras 3), made functional if it is not (fit needs its inputs, the loss check its
+    output shape), its output cast to float32 under mixed precision (Keras 2 only). A tf_keras model the function
+    compiled keeps its ``compile()`` for ``compiled_parts``; a compiled Keras 3 model is refused (one line)."""
     ref = job.model
     structured = isinstance(input_shape, dict | list)  # an input function's features: a shape per input
-    model = call("model", ref, input_shape if structured else tuple(input_shape), num_classes, **job.model_args)
+    inputs = (input_shape if structured else tuple(input_shape), num_classes)
+    passed = inputs if takes_model_inputs(function("model", ref), job.model_args) else ()
+    model = call("model", ref, *passed, **job.model_args)
     if job.keras == 3:
+        if getattr(model, "compiled", False) is True:  # keras/src/trainers/trainer.py sets it in compile()
+            raise UserCodeError(f"model = {ref!r} returned a compiled Keras 3 model: twinbench cannot carry its "
+                                "compile() over to keras = 3 runs; return it uncompiled and set optimizer, "
+                                "optimizer_args, learning_rate, loss and metrics in the job")
         return _keras3_model(ref, model, input_shape)
     if not isinstance(model, tf.keras.Model):
         raise UserCodeError(_wrong_family(ref, model, 2))
+    compiled = compile_parts(tf, model)
+    out = _functional(tf, job, ref, model, input_shape)
+    if compiled is not None:
+        _COMPILED[id(out)] = (out, compiled)
+    return out
+
+
+def takes_model_inputs(fn: Callable[..., Any], model_args: Iterable[str] = ()) -> bool:
+    """Does a model function take twinbench's ``input_shape, num_classes``: yes unless it has no positional
+    parameter besides those ``model_args`` names (and no ``*args``), as TensorFlow's tutorial's
+    ``build_and_compile_cnn_model()``; one it cannot inspect is passed them. ``common.workload.argcheck`` reads the
+    source by the same rule (``model_inputs_rule``)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    return model_inputs_rule([p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)],
+                             any(p.kind == p.VAR_POSITIONAL for p in params), model_args)
+
+
+def model_inputs_rule(positional: Iterable[str], var_args: bool, model_args: Iterable[str]) -> bool:
+    """The rule of ``takes_model_inputs`` on a function's positional parameters' names and its ``*args``."""
+    return var_args or bool(set(positional) - set(model_args))
+
+
+# id(model twinbench returns) -> (that model, its compile() parts): the functional model loses the user's compile
+_COMPILED: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def compiled_parts(model: Any) -> dict[str, Any] | None:
+    """What the model function's ``compile()`` gave the model ``build_model`` returned (``compile_parts``), or None
+    when it returned the model uncompiled."""
+    found = _COMPILED.get(id(model))
+    return found[1] if found is not None and found[0] is model else None
+
+
+def compile_parts(tf: Any, model: Any) -> dict[str, Any] | None:
+    """A tf_keras model's ``compile()`` as given (its arguments, the optimizer it made, whether the model class
+    overrides ``train_step``), or None for a model never compiled."""
+    if not getattr(model, "_is_compiled", False):
+        return None
+    given = dict(getattr(getattr(model, "_compile_config", None), "config", None) or {})
+    return {**given, "optimizer": model.optimizer, "loss": given.get("loss"),
+            "train_step": type(model).train_step is not tf.keras.Model.train_step}
+
+
+def _functional(tf: Any, job: Any, ref: str, model: Any, input_shape: tuple[int, ...]) -> Any:
+    """``model`` as a functional tf.keras model of float32 output."""
     try:
         if getattr(model, "_is_graph_network", False):  # functional, or Sequential with a known input
             inputs, outputs = model.inputs, model.output  # one tensor, or a dict / list of them
