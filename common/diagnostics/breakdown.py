@@ -148,6 +148,7 @@ def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any
 
     ctx = RunContext(job, backend, opts, plan)
     built = train.build(ctx)
+    ctx = built.run or ctx  # a compiled model's optimizer, loss and LR, as training takes them
     dataset = backend.make_dataset(train.training_input(ctx, 0))
     backend.before_training(built.model)
     warm = min(max(job.warmup_interval, 1), plan.total_steps - 1)  # step `warm - 1` ends the untimed part
