@@ -52,7 +52,8 @@ case "$TB_TF" in
         PATCHES=() ;;      # scripts/site_tf.py detect decides them from the TensorFlow it finds
   *) printf '[setup] TWINBENCH_TF must be 2.21 (default), 2.18 (fallback) or site, not "%s"\n' "$TB_TF" >&2; exit 2 ;;
 esac
-# The pins live in the requirements file (tests/test_environment.py checks it against environment.yml).
+# The pins live in the requirements file (tests/test_environment.py checks environment.yml and environment-build.yml
+# against it).
 TF_VERSION=$(sed -n 's/^tensorflow==\([0-9.]*\).*/\1/p' "$REQUIREMENTS")
 TF_SOURCE="requirements:$REQUIREMENTS"
 TF_LOCATION=""
@@ -215,7 +216,7 @@ if [ $HOROVOD_ONLY = 0 ]; then
   VPY="$VENV/bin/python"
   "$VPY" -m pip install -q --upgrade pip >/dev/null
 
-  # Python packages (pinned where it matters for parity; see environment.yml for the cluster twin).
+  # Python packages (pinned where it matters for parity; environment.yml and environment-build.yml are the cluster twins).
   if [ "$TB_TF" = site ]; then
     site_req=$(mktemp "${TMPDIR:-/tmp}/twinbench-req.XXXXXX")
     "$VPY" scripts/site_tf.py requirements "$REQUIREMENTS" --tf-version "$TF_VERSION" >"$site_req"
