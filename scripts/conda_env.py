@@ -35,12 +35,12 @@ def variant(text: str, cuda: str, mpi: str, python: str) -> str:
     lines = {
         "python": f"python={python}",
         "tensorflow": f"tensorflow=2.21.0={tf_build}",
-        "horovod": f"horovod=0.28.1={kind}_mpi_{mpi}_*",
+        "horovod": f"horovod[version='0.28.1',build='{kind}_mpi_{mpi}_*',build_number='>=21']",
         "mpi": MPI_PIN[mpi],
     }
     out = []
     for line in text.splitlines(keepends=True):
-        m = re.match(r"^(\s*-\s*)(python|tensorflow|cuda-version|horovod|openmpi|mpich)=([^\s#]*)(.*)$", line, re.S)
+        m = re.match(r"^(\s*-\s*)(python|tensorflow|cuda-version|horovod|openmpi|mpich)[=\[]([^\s#]*)(.*)$", line, re.S)
         if not m:
             out.append(line)
             continue

@@ -72,8 +72,8 @@ def test_environment_yml_is_conda_forges_prebuilt_stack():
     env, text = _environment_yml(PREBUILT)
     deps = text.split("  - pip:\n", 1)[0]
     tf = re.search(r"^\s*- tensorflow=2\.21\.0=(cuda(\d+)|cpu_)\*$", deps, re.M)
-    hvd = re.search(rf"^\s*- horovod={re.escape(buildinfo.HOROVOD_VERSION)}=(cuda|cpu)_mpi_(openmpi|mpich)_\*$", deps,
-                    re.M)
+    hvd = re.search(rf"^\s*- horovod\[version='{re.escape(buildinfo.HOROVOD_VERSION)}',build='(cuda|cpu)_mpi_"
+                    r"(openmpi|mpich)_\*',build_number='>=21'\]$", deps, re.M)
     assert tf and hvd, deps
     assert (tf.group(1) == "cpu_") == (hvd.group(1) == "cpu")
     if tf.group(2):
@@ -137,7 +137,8 @@ def test_conda_env_writes_each_variant_conda_forge_builds(cuda, mpi):
     deps = proc.stdout.split("  - pip:\n", 1)[0]
     kind = "cpu" if cuda == "cpu" else "cuda"
     tf_build = "cpu_*" if cuda == "cpu" else f"cuda{cuda.replace('.', '')}*"
-    assert f"  - tensorflow=2.21.0={tf_build}\n" in deps and f"  - horovod=0.28.1={kind}_mpi_{mpi}_*\n" in deps
+    assert f"  - tensorflow=2.21.0={tf_build}\n" in deps
+    assert f"  - horovod[version='0.28.1',build='{kind}_mpi_{mpi}_*',build_number='>=21']\n" in deps
     assert ("cuda-version=" in deps) == (cuda != "cpu")
     assert cuda == "cpu" or f"  - cuda-version={cuda}\n" in deps
     other = "mpich" if mpi == "openmpi" else "openmpi"
@@ -174,7 +175,7 @@ def test_horovod_version_and_flags_agree_with_setup():
     hv = re.search(r"^HOROVOD_VERSION=([0-9.]+)", setup, re.M).group(1)
     assert hv == buildinfo.HOROVOD_VERSION
     env_text = BUILD.read_text()
-    assert f"horovod=={hv}" in env_text and f"- horovod={hv}=" in PREBUILT.read_text()
+    assert f"horovod=={hv}" in env_text and f"- horovod[version='{hv}'," in PREBUILT.read_text()
     for flag in ("HOROVOD_WITH_TENSORFLOW=1", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITH_MPI=1", "--no-build-isolation",
                  "CMAKE_POLICY_VERSION_MINIMUM=3.5"):
         assert flag in setup, flag
