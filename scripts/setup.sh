@@ -85,12 +85,12 @@ log() { printf '[setup] %s\n' "$*"; }
 # TensorFlow 2.21's wheels are for CPython 3.10-3.13 (2.18's for 3.9-3.12) and twinbench needs 3.10+: another Python
 # would fail half-way, after apt-get and pip, so it stops here.
 command -v "$PY" >/dev/null 2>&1 \
-  || { log "no $PY on PATH: install Python 3.10-3.13 (Debian/Ubuntu: apt-get install python3) or set PYTHON"; exit 2; }
+  || { log "no $PY on PATH: install Python 3.10-3.13 (Debian/Ubuntu: apt-get install python3) or set PYTHON" >&2; exit 2; }
 py_ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
-  || { log "$PY does not run: set PYTHON to a Python 3.10-3.13"; exit 2; }
+  || { log "$PY does not run: set PYTHON to a Python 3.10-3.13" >&2; exit 2; }
 case "$py_ver" in
   3.10|3.11|3.12|3.13) ;;
-  *) log "$PY is Python $py_ver: twinbench needs 3.10-3.13 (TensorFlow 2.21's wheels); set PYTHON to one"; exit 2 ;;
+  *) log "$PY is Python $py_ver: twinbench needs 3.10-3.13 (TensorFlow 2.21's wheels); set PYTHON to one" >&2; exit 2 ;;
 esac
 
 case "${TWINBENCH_STACK:-}" in
