@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything twinbench needs on a Debian/Ubuntu machine (or CI):
 #   system OpenMPI (for Horovod's MPI controller and mpirun), a venv in the repo root with
-#   tensorflow + tf-keras + horovod (built from its sdist, patched for TF 2.19+, wheel cached outside the repo)
-#   + test tools. Re-running it does nothing that is already done.
+#   tensorflow + tf-keras + horovod (built from its sdist, patched for TF 2.19+ and GCC 13+, wheel cached outside the
+#   repo) + test tools. Re-running it does nothing that is already done.
+# Python 3.10-3.13 ($PYTHON, default python3; TensorFlow 2.21 has wheels for no other): anything else stops it with one
+# line and exit 2 before anything is installed. What a stock Debian/Ubuntu lacks comes from apt-get: the compiler,
+# cmake, patch, Open MPI, and python3.X-venv (Debian and Ubuntu ship venv's ensurepip separately; without it
+# `python3 -m venv` fails with "ensurepip is not available").
 # Variables:
 #   TWINBENCH_TF=2.21      the default: requirements.txt, Horovod sdist + scripts/patches/horovod-0.28.1-tf2.19plus.patch
 #   TWINBENCH_TF=2.18      the fallback: requirements-tf2.18.txt, the unpatched Horovod sdist
@@ -48,7 +52,8 @@ case "$TB_TF" in
         PATCHES=() ;;      # scripts/site_tf.py detect decides them from the TensorFlow it finds
   *) printf '[setup] TWINBENCH_TF must be 2.21 (default), 2.18 (fallback) or site, not "%s"\n' "$TB_TF" >&2; exit 2 ;;
 esac
-# The pins live in the requirements file (tests/test_environment.py checks it against environment.yml).
+# The pins live in the requirements file (tests/test_environment.py checks environment.yml and environment-build.yml
+# against it).
 TF_VERSION=$(sed -n 's/^tensorflow==\([0-9.]*\).*/\1/p' "$REQUIREMENTS")
 TF_SOURCE="requirements:$REQUIREMENTS"
 TF_LOCATION=""
@@ -76,6 +81,17 @@ if [ "$TB_TF" != site ] && [ $gpu_build = 1 ] && [ ${#PATCHES[@]} -gt 0 ]; then
 fi
 
 log() { printf '[setup] %s\n' "$*"; }
+
+# TensorFlow 2.21's wheels are for CPython 3.10-3.13 (2.18's for 3.9-3.12) and twinbench needs 3.10+: another Python
+# would fail half-way, after apt-get and pip, so it stops here.
+command -v "$PY" >/dev/null 2>&1 \
+  || { log "no $PY on PATH: install Python 3.10-3.13 (Debian/Ubuntu: apt-get install python3) or set PYTHON" >&2; exit 2; }
+py_ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
+  || { log "$PY does not run: set PYTHON to a Python 3.10-3.13" >&2; exit 2; }
+case "$py_ver" in
+  3.10|3.11|3.12|3.13) ;;
+  *) log "$PY is Python $py_ver: twinbench needs 3.10-3.13 (TensorFlow 2.21's wheels); set PYTHON to one" >&2; exit 2 ;;
+esac
 
 case "${TWINBENCH_STACK:-}" in
   ""|build) ;;
@@ -124,8 +140,16 @@ if [ "$TB_TF" = site ]; then
       "patches: ${PATCHES[*]:-none}"
 fi
 
+# GCC 13+ (Debian 13, Ubuntu 24.04, conda-forge's compilers) needs two includes the 0.28.1 sdist lacks (horovod#3957);
+# harmless for older compilers, so every build carries it, whatever TWINBENCH_TF or site_tf.py selected.
+PATCHES+=(scripts/patches/horovod-0.28.1-gcc13plus.patch)
+
 if [ $HOROVOD_ONLY = 0 ]; then
   need_apt=()
+  # Debian/Ubuntu's system Python lacks ensurepip until python3.X-venv is installed (a venv, pyenv or conda Python has it)
+  if [ ! -x "$VENV/bin/python" ] && ! "$PY" -c 'import ensurepip' >/dev/null 2>&1; then
+    need_apt+=("python$py_ver-venv")
+  fi
   command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
   [ -e /usr/include/x86_64-linux-gnu/openmpi ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include ] \
     || dpkg -s libopenmpi-dev >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
@@ -192,7 +216,7 @@ if [ $HOROVOD_ONLY = 0 ]; then
   VPY="$VENV/bin/python"
   "$VPY" -m pip install -q --upgrade pip >/dev/null
 
-  # Python packages (pinned where it matters for parity; see environment.yml for the cluster twin).
+  # Python packages (pinned where it matters for parity; environment.yml and environment-build.yml are the cluster twins).
   if [ "$TB_TF" = site ]; then
     site_req=$(mktemp "${TMPDIR:-/tmp}/twinbench-req.XXXXXX")
     "$VPY" scripts/site_tf.py requirements "$REQUIREMENTS" --tf-version "$TF_VERSION" >"$site_req"

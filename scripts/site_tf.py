@@ -12,7 +12,8 @@ its tf-keras is of the same minor version (tf-keras X.Y belongs to TensorFlow X.
 ``tf-keras~=X.Y.0`` from PyPI), and says which of scripts/patches the Horovod build applies:
 ``horovod-0.28.1-tf2.19plus.patch`` for 2.19+ only (the unpatched sdist builds against 2.18 and older), and for a GPU
 build on 2.19+ ``horovod-0.28.1-tf2.21-gpu.patch`` after it (XLA's builder header moved in 2.19; compiled here
-against 2.21 only). The decision itself (``decide``) is plain Python, unit-tested with fake versions
+against 2.21 only); setup.sh then appends ``horovod-0.28.1-gcc13plus.patch``, which every build carries (GCC 13+), so
+it is not decided here. The decision itself (``decide``) is plain Python, unit-tested with fake versions
 (tests/test_site_tf.py); this file imports nothing outside the standard library and runs on Python 3.10.
 """
 

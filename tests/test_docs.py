@@ -97,6 +97,59 @@ def test_readme_is_a_front_door():
     assert n <= MAX_README_LINES, f"README.md has {n} lines (at most {MAX_README_LINES}): move detail to docs/"
 
 
+# A figure the README states: a duration (m:ss, or a number of minutes, seconds, ms, hours) or a count of tests.
+FIGURE = re.compile(r"\b\d+:\d{2}\b|\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? (?:minutes|min|seconds|s|ms|hours)\b"
+                    r"|\b\d+ tests\b")
+EXACT_FIGURE = re.compile(r"\b\d+:\d{2}\b|\b\d+ tests\b")  # these must be written in the entry as in the README
+DATED_LINK = re.compile(r"\(docs/findings\.md#(\d{4}-\d{2}-\d{2}-[\w-]+)\)")
+
+
+def findings_entries(text: str) -> dict[str, str]:
+    """anchor -> text of every dated entry (``## YYYY-MM-DD: ...``) of docs/findings.md."""
+    entries = {}
+    parts = re.split(r"^## ", _without_fences(text), flags=re.M)
+    for part in parts[1:]:
+        heading, _, body = part.partition("\n")
+        if re.match(r"\d{4}-\d{2}-\d{2}:", heading):
+            entries[slug(heading.strip())] = heading + "\n" + body
+    return entries
+
+
+def unsourced_figures(readme: str, findings: str) -> list[str]:
+    """Each paragraph of the README that states a figure links the dated findings entry that measured it, and the
+    entry holds its exact figures (times as m:ss, test counts) as the README writes them."""
+    entries = findings_entries(findings)
+    bad = []
+    for para in re.split(r"\n\s*\n", _without_fences(readme)):
+        figures = [m.group(0) for m in FIGURE.finditer(para)]
+        if not figures:
+            continue
+        anchors = DATED_LINK.findall(para)
+        where = " ".join(para.split())[:70]
+        if not anchors:
+            bad.append(f"{figures} without a link to a dated findings entry: {where}")
+            continue
+        missing = [a for a in anchors if a not in entries]
+        bad += [f"no dated entry #{a} in docs/findings.md: {where}" for a in missing]
+        measured = "\n".join(entries.get(a, "") for a in anchors)
+        bad += [f"{f!r} is not in the linked entry {anchors}: {where}" for f in
+                (m.group(0) for m in EXACT_FIGURE.finditer(para)) if f not in measured]
+    return bad
+
+
+def test_readme_figures_point_to_the_findings_that_measured_them():
+    assert unsourced_figures(README.read_text(), (REPO / "docs" / "findings.md").read_text()) == []
+
+
+def test_an_unsourced_or_stale_figure_is_found():
+    readme, findings = README.read_text(), (REPO / "docs" / "findings.md").read_text()
+    assert "22:29" in readme
+    stale = unsourced_figures(readme.replace("22:29", "21:29"), findings)
+    assert len(stale) == 1 and "'21:29' is not in the linked entry" in stale[0], stale
+    unlinked = unsourced_figures(readme + "\n\nThe demo takes 3 minutes.\n", findings)
+    assert len(unlinked) == 1 and "['3 minutes'] without a link" in unlinked[0], unlinked
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_resolve(page):
     assert broken_links(page) == []
