@@ -92,8 +92,9 @@ def _requirement_specs(text: str) -> dict[str, str]:
     for line in text.splitlines():
         line = line.split("#")[0].strip().removeprefix("- ").strip()
         m = re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?\s*((?:==|~=)[^\s;]+)\s*(;.*)?$", line)
-        if m:
-            specs[m.group(1)] = m.group(2) + (f" {m.group(3).strip()}" if m.group(3) else "")
+        if m:  # a package pinned per Python version (scipy) has a line per marker: all of them, in order
+            spec = m.group(2) + (f" {m.group(3).strip()}" if m.group(3) else "")
+            specs[m.group(1)] = f"{specs[m.group(1)]} | {spec}" if m.group(1) in specs else spec
     return specs
 
 
