@@ -97,6 +97,14 @@ def test_a_dataset_that_cannot_be_read_names_every_problem_in_one_line(job_file)
     assert "is infinite and batched (batch(4) under map()) and repeated (repeat() under batch())" in message
 
 
+def test_arrays_refused_for_every_problem_at_once():
+    with pytest.raises(usercode.UserCodeError) as e:
+        usercode._pair("p.m:f", (np.array(["a", "b"]), np.arange(3)), "training")
+    assert str(e.value) == ("dataset = 'p.m:f': training features must be a numeric array with a first (sample) "
+                            "dimension, got <U1 of shape (2,); and training arrays of different lengths: 2 features, "
+                            "3 labels")
+
+
 def test_before_tensorflow_is_configured_only_arrays_are_kept(job_file):
     """The graph probe keeps a function's arrays; a dataset, or a batch-size parameter, waits for the ranks."""
     assert usercode.load_before_tf(load_job(job_file)) is None  # batch_size: the world size is not known yet

@@ -342,15 +342,14 @@ def _pair(ref: str, value: Any, split: str, done: list[str] | None = None) -> tu
         raise UserCodeError(f"dataset = {ref!r}: {split} data is a {type(value).__name__}: expected a tuple "
                             "(features, labels) of numpy arrays or a tf.data.Dataset of (x, y)")
     x, y = (np.asarray(v) for v in value)
-    for what, a in (("features", x), ("labels", y)):
-        if a.ndim < 1 or a.dtype.kind not in "biuf":
-            raise UserCodeError(f"dataset = {ref!r}: {split} {what} must be a numeric array with a first (sample) "
-                                f"dimension, got {a.dtype} of shape {a.shape}")
-    if len(x) != len(y):
-        raise UserCodeError(f"dataset = {ref!r}: {split} arrays of different lengths: {len(x)} features, "
-                            f"{len(y)} labels")
-    if len(x) == 0:
-        raise UserCodeError(f"dataset = {ref!r}: the {split} arrays are empty")
+    found = [f"{split} {what} must be a numeric array with a first (sample) dimension, got {a.dtype} of shape "
+             f"{a.shape}" for what, a in (("features", x), ("labels", y)) if a.ndim < 1 or a.dtype.kind not in "biuf"]
+    if x.ndim and y.ndim and len(x) != len(y):
+        found.append(f"{split} arrays of different lengths: {len(x)} features, {len(y)} labels")
+    elif x.ndim and len(x) == 0:
+        found.append(f"the {split} arrays are empty")
+    if found:  # every problem at once
+        raise UserCodeError(f"dataset = {ref!r}: {'; and '.join(found)}")
     return x, y
 
 
