@@ -16,11 +16,13 @@ the lines come from C++) pointed at a temporary file, then writes back every lin
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import stat
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 NOISE = ("Could not find cuda drivers", "failed call to cuInit", "Unable to register cuDNN factory",
@@ -74,3 +76,27 @@ def import_tensorflow() -> Any:
                 sys.stderr.write(rest)
                 sys.stderr.flush()
     return tf
+
+
+TF_MODULES = ("tensorflow", "tf_keras", "keras")  # importing any of them imports TensorFlow
+
+
+def mentions(source: Path | None) -> bool:
+    """Does this Python file name tensorflow anywhere (imported at its top or inside a function)?"""
+    try:
+        return source is not None and "tensorflow" in source.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def before_importing(source: Path | None) -> None:
+    """``import_tensorflow`` now if the module in ``source`` imports TensorFlow (or a Keras) at its top level: its
+    import would otherwise be TensorFlow's first, with the probe's lines. Read, not imported."""
+    try:
+        tree = ast.parse(source.read_text()) if source is not None else None
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return
+    names = [a.name for n in (tree.body if tree else []) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in (tree.body if tree else []) if isinstance(n, ast.ImportFrom)]
+    if any(name.split(".")[0] in TF_MODULES for name in names):
+        import_tensorflow()

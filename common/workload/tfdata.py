@@ -89,9 +89,9 @@ def problems(tf: Any, ds: Any) -> list[str]:
     return found
 
 
-def read(tf: Any, ref: str, ds: Any, split: str, error: type[Exception]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(features, labels, what twinbench did to the dataset) from one pass of ``ds``; ``error`` naming every
-    problem at once."""
+def read(tf: Any, ref: str, ds: Any, split: str, error: type[Exception]) -> tuple[np.ndarray, np.ndarray, str]:
+    """(features, labels, what twinbench did to the dataset, in the banner's words) from one pass of ``ds``;
+    ``error`` naming every problem at once."""
     inner, removed = strip(ds)
     found = problems(tf, inner)
     if found:
@@ -105,7 +105,10 @@ def read(tf: Any, ref: str, ds: Any, split: str, error: type[Exception]) -> tupl
         ys.append(y)
     if not xs:
         raise error(f"dataset = {ref!r}: the {split} tf.data.Dataset is empty")
-    return np.concatenate(xs), np.concatenate(ys), removed
+    x = np.concatenate(xs)
+    did = f"removed its last {', '.join(removed)}; " if removed else ""
+    did = f"{split}: {did}read one pass, {len(x)} examples"
+    return x, np.concatenate(ys), did
 
 
 def probe(call: Any, seed: int) -> tuple[bool, Any]:

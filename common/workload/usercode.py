@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from common.core import tfquiet
 from common.core.errors import UsageError, one_line
+from common.workload import tfdata
 
 # "package.module:function": dotted module path, a colon, a function name
 _REF = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
@@ -141,6 +143,8 @@ def code_digest(job_refs: dict[str, str], pythonpath: Iterable[str]) -> str:
 def function(key: str, ref: str) -> Callable[..., Any]:
     """The function ``ref`` names (its module imported); UserCodeError naming ``key`` if it cannot be had."""
     module_name, attr = ref.split(":")
+    if "tensorflow" not in sys.modules and module_name not in sys.modules:  # TensorFlow first, where it is quiet
+        tfquiet.before_importing(_source(key, ref))
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # ImportError, SyntaxError, or anything the module raises at import
@@ -153,6 +157,13 @@ def function(key: str, ref: str) -> Callable[..., Any]:
         raise UserCodeError(f"{key} = {ref!r}: {attr!r} in module {module_name!r} is a {type(fn).__name__}, "
                             "not a function")
     return fn
+
+
+def _source(key: str, ref: str) -> Path | None:
+    try:
+        return _locate(key, ref)[1][-1]
+    except (UserCodeError, IndexError):
+        return None
 
 
 def check_functions(job: Any) -> None:
@@ -238,13 +249,11 @@ def load_before_tf(job: Any) -> UserData | None:
     TensorFlow's runtime does not start). None when the data needs the ranks: a batch-size parameter (the world size
     is not known yet), a ``tf.data.Dataset`` returned (read there, after the backend's set-up), or a call that raised
     in the graph (called again there, eagerly, where its own error is said)."""
-    from common.workload import tfdata
-
     if batch_param(job):
         return None
     kwargs = _kwargs(job)
     key = _memo_key(job, kwargs)
-    if key not in _MEMO and not _mentions_tensorflow(job.dataset):  # numpy alone: called as it is, no TensorFlow
+    if key not in _MEMO and not tfquiet.mentions(_source("dataset", job.dataset)):  # numpy alone: as it is
         _MEMO[key] = _load(job, kwargs)
     if key not in _MEMO:
         ok, out = tfdata.probe(lambda: function("dataset", job.dataset)(**kwargs), job.seed)
@@ -260,28 +269,17 @@ def _call_text(job: Any, kwargs: dict[str, Any]) -> str:
 
 def _load(job: Any, kwargs: dict[str, Any]) -> UserData:
     tf = sys.modules.get("tensorflow")
-    if tf is None and _mentions_tensorflow(job.dataset):  # import it first: quietly, and to seed the call
-        from common.core import tfquiet
-
+    if tf is None and tfquiet.mentions(_source("dataset", job.dataset)):  # first: quietly, and to seed the call
         tf = tfquiet.import_tensorflow()
     if tf is not None:  # an unseeded shuffle in the function then draws the same op seeds in every process
         tf.random.set_seed(job.seed)
     out = call("dataset", job.dataset, **kwargs)
     parts = out.values() if isinstance(out, dict) else [out]
-    if tf is None and any(_is_tf_dataset(p) for p in parts):  # it imported TensorFlow itself: seed, call again
+    if tf is None and any(tfdata.is_dataset(p) for p in parts):  # it imported TensorFlow itself: seed, call again
         sys.modules["tensorflow"].random.set_seed(job.seed)
         out = call("dataset", job.dataset, **kwargs)
     done: list[str] = []
     return _checked(job, out, _call_text(job, kwargs), done)
-
-
-def _mentions_tensorflow(ref: str) -> bool:
-    function("dataset", ref)  # imported, so its file is known
-    module = sys.modules.get(ref.split(":")[0])
-    try:
-        return "tensorflow" in Path(module.__file__).read_text()  # type: ignore[union-attr, arg-type]
-    except (AttributeError, TypeError, OSError, UnicodeDecodeError):
-        return False
 
 
 def _checked(job: Any, out: Any, call_text: str, done: list[str] | tuple[str, ...]) -> UserData:
@@ -328,16 +326,11 @@ def _check_labels(ref: str, y: np.ndarray, num_classes: int, explicit: int | Non
 def _pair(ref: str, value: Any, split: str, done: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(features, labels) as numpy arrays from a tuple of arrays or a tf.data.Dataset (``common.workload.tfdata``:
     what it did is appended to ``done``)."""
-    if _is_tf_dataset(value):
-        import tensorflow as tf
-
-        from common.workload import tfdata
-
-        x, y, removed = tfdata.read(tf, ref, value, split, UserCodeError)
-        if done is not None:
-            done.append(f"{split}: " + (f"removed its last {', '.join(removed)}; " if removed else "") +
-                        f"read one pass, {len(x)} examples")
+    if tfdata.is_dataset(value):
+        x, y, did = tfdata.read(sys.modules["tensorflow"], ref, value, split, UserCodeError)
         value = (x, y)
+        if done is not None:
+            done.append(did)
     if not isinstance(value, tuple | list) or len(value) != 2:
         raise UserCodeError(f"dataset = {ref!r}: {split} data is a {type(value).__name__}: expected a tuple "
                             "(features, labels) of numpy arrays or a tf.data.Dataset of (x, y)")
@@ -351,10 +344,6 @@ def _pair(ref: str, value: Any, split: str, done: list[str] | None = None) -> tu
     if found:  # every problem at once
         raise UserCodeError(f"dataset = {ref!r}: {'; and '.join(found)}")
     return x, y
-
-
-def _is_tf_dataset(value: Any) -> bool:
-    return type(value).__module__.startswith("tensorflow") and hasattr(value, "as_numpy_iterator")
 
 
 # ----------------------------------------------------------------------------------------------------------------
