@@ -5,12 +5,13 @@ configured TensorFlow (no "TensorFlow started before twinbench could configure i
 evaluations on both, the banner says what twinbench did, and no GPU-probe lines on a machine without a GPU.
 
 TensorFlow processes: 4 in ``launched`` (native --nproc 2: a parent that never imports TensorFlow and 2 workers;
-Horovod: 2 ranks under mpirun, each probing the function in a graph first), 1 in the run-log test; the tutorial
+Horovod: 2 ranks under mpirun, each probing the function in a graph first), and this process; the tutorial
 example's check (8 runs) runs only once ``argcheck`` accepts its functions (see the test).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,7 +24,7 @@ import pytest
 from common.core import tfquiet
 from common.workload import argcheck, tfdata, usercode
 from common.workload.job import load_job
-from tests.conftest import PY, REPO, backend_cmd, base_env, first_divergence, only_result, run, user_job
+from tests.conftest import REPO, backend_cmd, first_divergence, only_result, run, user_job
 
 TUTORIAL_JOB = REPO / "examples" / "tutorialpkg" / "tutorial_job.toml"  # beside its package: see the check test
 # The tutorial's mnist_dataset(batch_size) with TensorFlow imported inside the functions (the module imports none),
@@ -124,15 +125,28 @@ def test_the_gpu_probe_lines_are_dropped_and_nothing_else():
                                   "STDERR\nE0000 something real\n")
 
 
-def test_a_run_log_keeps_the_gpu_probe_lines(tmp_path):
-    """stderr a regular file (a run log): every line stays. One TensorFlow import, no run."""
-    if tfquiet.has_gpu_node():
-        pytest.skip("a GPU device node exists: nothing is filtered here")
-    log = tmp_path / "log"
-    with log.open("w") as f:
-        subprocess.run([PY, "-c", "from common.core import tfquiet; tfquiet.import_tensorflow()"], cwd=REPO,
-                       env=base_env(), stdout=f, stderr=f, timeout=120, check=True)
-    assert "Could not find cuda drivers" in log.read_text() or "cuInit" in log.read_text(), log.read_text()
+def test_only_a_terminal_or_a_pipe_is_tidied_a_run_log_keeps_every_line(tmp_path, monkeypatch):
+    """No TensorFlow: where fd 2 points decides (the launch tests below show the lines gone through a pipe)."""
+    monkeypatch.delenv("TWINBENCH_TF_NOISE", raising=False)
+    monkeypatch.setattr(tfquiet, "has_gpu_node", lambda: False)
+    saved = os.dup(2)
+    try:
+        with (tmp_path / "log").open("w") as log:
+            os.dup2(log.fileno(), 2)
+            as_log = tfquiet.should_filter()
+        read, write = os.pipe()
+        os.dup2(write, 2)
+        as_pipe = tfquiet.should_filter()
+        monkeypatch.setenv("TWINBENCH_TF_NOISE", "1")
+        kept = tfquiet.should_filter()
+        os.close(read)
+        os.close(write)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    assert (as_log, as_pipe, kept) == (False, True, False)
+    monkeypatch.setattr(tfquiet, "has_gpu_node", lambda: True)  # a GPU's failed cuInit is a real error
+    assert not tfquiet.should_filter()
 
 
 # -- through a real launch, both backends at 2 workers ------------------------------------------------------------
