@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common import cli, runner
+from common.core import tfquiet
 from common.core.contract import Backend
 from common.core.errors import UsageError, fail
 
@@ -31,7 +32,12 @@ def run_main(prog: str, t0: float, parser: Callable[[], argparse.ArgumentParser]
         backend = make_backend(args, argv, job)
         if isinstance(backend, int):  # a launcher ran the ranks (or this task served them) and is done
             return backend
+        tfquiet.import_tensorflow()  # this process is a rank: TensorFlow, without a GPU probe's lines on a CPU
         backend.setup()
     except UsageError as e:
         fail(prog, str(e))
+    # A user dataset function runs here, after set-up: one returning a tf.data.Dataset starts TensorFlow's runtime,
+    # whose threads the backend has sized by now (and its batch-size parameter needs the world size).
+    if run_opts.bench is None:
+        cli.load_user_data(prog, job, backend.num_replicas, backend.is_chief and run_opts.verbose)
     return runner.run_to_exit(prog, backend, job, run_opts)

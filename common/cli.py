@@ -165,8 +165,9 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
         job = load_job(args.job, args.sets)
         usercode.check_functions(job)  # the user's modules import and hold their functions
         if not data_mod.streams(job):  # an input function is called only in the ranks
-            n, _, _ = data_mod.dataset_info(job)  # a user dataset is loaded and checked here
-            job.resolve_steps(n, 1)  # cheapest check that the data fills at least one batch
+            info = early_info(job)  # None: a user dataset read in the ranks, once TensorFlow is configured
+            if info is not None:
+                job.resolve_steps(info[0], 1)  # cheapest check that the data fills at least one batch
         if args.results:
             res.check_results_dir(args.results)
     except (JobError, data_mod.DataError, usercode.UserCodeError, OSError) as e:
@@ -194,6 +195,44 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
         profile_steps=profile_steps, progress_seconds=args.progress_every,
     )
     return job, opts
+
+
+def early_info(job: Job) -> tuple[int, tuple[int, ...], int | None] | None:
+    """``dataset_info`` when it can be had before the backend configures TensorFlow: a builtin dataset's headers,
+    or a user function's arrays (called in a throwaway graph: ``usercode.load_before_tf``). None for a user
+    function that needs the ranks (a batch-size parameter, a ``tf.data.Dataset`` returned): ``load_user_data``."""
+    from common.workload import data as data_mod
+    from common.workload import usercode
+
+    if not usercode.is_ref(job.dataset):
+        return data_mod.dataset_info(job)
+    data = usercode.load_before_tf(job)
+    return None if data is None else (len(data.x), data.input_shape, data.num_classes)
+
+
+def load_user_data(prog: str, job: Job, replicas: int, chief_speaks: bool) -> None:
+    """In a rank, once the backend has configured TensorFlow: the user dataset function's data for this world size
+    (its batch-size parameter gets the global batch), checked (one line and exit 2), and what twinbench did to it
+    said once, by the chief."""
+    from common.workload import data as data_mod
+    from common.workload import usercode
+
+    if not usercode.is_ref(job.dataset) or data_mod.streams(job):
+        return
+    usercode.set_replicas(replicas)
+    try:
+        data = usercode.load_data(job)
+        job.resolve_steps(len(data.x), replicas)
+    except (JobError, data_mod.DataError, usercode.UserCodeError) as e:
+        fail(prog, str(e))
+    param = usercode.batch_param(job)
+    if chief_speaks and (param or data.done):
+        given = f" ({param} = the global batch, {job.per_replica_batch_size} per replica x {replicas})" if param \
+            else ""
+        did = "; ".join(data.done) if data.done else "arrays"
+        print(f"[twinbench] dataset: {data.call}{given}: {did}; twinbench shuffles them with the job's seed "
+              f"{job.seed}, batches and shards them exactly (the function ran with TensorFlow's global seed set to "
+              "it)", flush=True)
 
 
 def unset_proxies() -> None:

@@ -163,3 +163,20 @@ def test_evaluation_time_is_excluded_from_the_marks_exactly(monkeypatch):
     assert stats["timed_wall_time"] == 9.0  # steps 2..10, one second each, no evaluation in it
     assert stats["images_per_sec"] == pytest.approx(10 * 9 / 9.0)
     assert stats["step_time"]["median"] == 1.0
+
+
+# -- metrics without validation data --------------------------------------------------------------------------------
+@pytest.mark.parametrize("chief", [True, False])
+def test_metrics_without_validation_data_are_said_once_by_the_chief(capsys, chief):
+    """No TensorFlow: a builtin dataset has no validation split, so make_evaluator returns before any model use."""
+    backend = types.SimpleNamespace(is_chief=chief)
+    assert evaluate.make_evaluator(Job(metrics=["accuracy"]), None, backend, 4, 8) is None
+    err = capsys.readouterr().err
+    if chief:
+        assert err.count("\n") == 1 and err.startswith("[twinbench] warning: metrics = ['accuracy'] but dataset = "
+                                                       "'synthetic' gives no validation data: no evaluation will run")
+        assert '"validation"' in err
+    else:
+        assert err == ""
+    assert evaluate.make_evaluator(Job(), None, backend, 4, 8) is None  # nothing asked: nothing said
+    assert capsys.readouterr().err == ""

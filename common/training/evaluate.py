@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -198,12 +199,30 @@ class Evaluator:
         return {"epoch": step / self.steps_per_epoch, "step": step, **values}
 
 
+def no_evaluation_line(job: Job) -> str | None:
+    """Why the job's ``metrics`` (or ``target_metric``) will never be computed, as one line, or None."""
+    asked = [*job.metrics] or ([job.target_metric] if job.target_metric else [])
+    if not asked:
+        return None
+    return (f"[twinbench] warning: metrics = {asked} but dataset = {job.dataset!r} gives no validation data: no "
+            "evaluation will run; return {\"train\": ..., \"validation\": (x, y)} from a dataset function (a "
+            "\"validation\" dataset from an input function)")
+
+
+def say_no_evaluation(job: Job, backend: Any) -> None:
+    """The chief says once, before training, that the job's metrics will not be computed (stderr: under --quiet too)."""
+    line = no_evaluation_line(job)
+    if line and backend.is_chief:
+        print(line, file=sys.stderr, flush=True)
+
+
 def make_evaluator(job: Job, model: Any, backend: Any, steps_per_epoch: int, total_steps: int) -> Evaluator | None:
     """The run's evaluator, or None when the job's dataset has no validation split."""
     from common.workload import data as data_mod
 
     arrays = data_mod.validation_arrays(job)
     if arrays is None:
+        say_no_evaluation(job, backend)
         return None
     for name in job.metrics:
         metric_fn(name)  # UsageError (exit 2) before the first step for a name without per-example values

@@ -130,6 +130,7 @@ def make_evaluator(ctx: RunContext, model: Any) -> evaluate.Evaluator | None:
     assert ctx.plan.pipeline is not None
     dataset = ctx.plan.pipeline["validation"]
     if dataset is None:
+        evaluate.say_no_evaluation(ctx.job, ctx.backend)
         return None
     for name in ctx.job.metrics:
         evaluate.metric_fn(name)  # UsageError (exit 2) before the first step for a name without per-example values

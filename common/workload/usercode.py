@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import re
 import sys
@@ -29,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from common.core import tfquiet
 from common.core.errors import UsageError, one_line
+from common.workload import tfdata
 
 # "package.module:function": dotted module path, a colon, a function name
 _REF = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
@@ -140,6 +143,8 @@ def code_digest(job_refs: dict[str, str], pythonpath: Iterable[str]) -> str:
 def function(key: str, ref: str) -> Callable[..., Any]:
     """The function ``ref`` names (its module imported); UserCodeError naming ``key`` if it cannot be had."""
     module_name, attr = ref.split(":")
+    if "tensorflow" not in sys.modules and module_name not in sys.modules:  # TensorFlow first, where it is quiet
+        tfquiet.before_importing(_source(key, ref))
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # ImportError, SyntaxError, or anything the module raises at import
@@ -152,6 +157,13 @@ def function(key: str, ref: str) -> Callable[..., Any]:
         raise UserCodeError(f"{key} = {ref!r}: {attr!r} in module {module_name!r} is a {type(fn).__name__}, "
                             "not a function")
     return fn
+
+
+def _source(key: str, ref: str) -> Path | None:
+    try:
+        return _locate(key, ref)[1][-1]
+    except (UserCodeError, IndexError):
+        return None
 
 
 def check_functions(job: Any) -> None:
@@ -182,26 +194,96 @@ class UserData:
     y: np.ndarray  # training labels / targets [N, ...]
     validation: tuple[np.ndarray, np.ndarray] | None  # the "validation" split, if the function gave one
     num_classes: int | None  # the job's num_classes when set, else max(label) + 1 for integer labels, else None
+    call: str = ""  # how the function was called: "fn(batch_size=64)"
+    done: tuple[str, ...] = ()  # what twinbench did to a tf.data.Dataset it returned (the banner's words)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.x.shape[1:])
 
 
+BATCH_PARAMS = ("global_batch_size", "batch_size")  # a parameter of that name gets the run's global batch
 _MEMO: dict[tuple[Any, ...], UserData] = {}  # per process: the data is asked for several times per run
+_WORLD: dict[str, int] = {}  # the run's replicas, once the backend knows them (set_replicas)
+
+
+def set_replicas(replicas: int) -> None:
+    """The run's replica count: from now on a batch-size parameter gets per_replica_batch_size x ``replicas``."""
+    _WORLD["replicas"] = replicas
+
+
+def batch_param(job: Any) -> str | None:
+    """The dataset function's parameter twinbench fills with the global batch (``BATCH_PARAMS``, the first the
+    function has that ``dataset_args`` does not give), or None."""
+    try:
+        params = inspect.signature(function("dataset", job.dataset)).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((p for p in BATCH_PARAMS if p in params and p not in job.dataset_args), None)
+
+
+def _kwargs(job: Any) -> dict[str, Any]:
+    kwargs = dict(job.dataset_args)
+    param = batch_param(job)
+    if param:  # the tutorial's mnist_dataset(global_batch_size); one replica's until the world size is known
+        kwargs[param] = job.per_replica_batch_size * _WORLD.get("replicas", 1)
+    return kwargs
+
+
+def _memo_key(job: Any, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    return job.dataset, json.dumps(kwargs, sort_keys=True), job.num_classes, job.code_digest, job.seed
 
 
 def load_data(job: Any) -> UserData:
-    """Call the job's dataset function (once per process and job) and check what it returned."""
-    key = (job.dataset, json.dumps(job.dataset_args, sort_keys=True), job.num_classes, job.code_digest)
+    """Call the job's dataset function (once per process, job and batch argument) and check what it returned."""
+    kwargs = _kwargs(job)
+    key = _memo_key(job, kwargs)
     if key not in _MEMO:
-        _MEMO[key] = _load(job)
+        _MEMO[key] = _load(job, kwargs)
     return _MEMO[key]
 
 
-def _load(job: Any) -> UserData:
+def load_before_tf(job: Any) -> UserData | None:
+    """The data before the backend configured TensorFlow, when that is possible: the function called as it is when
+    its module's source never names tensorflow, else in a throwaway graph (``common.workload.tfdata.probe``:
+    TensorFlow's runtime does not start). None when the data needs the ranks: a batch-size parameter (the world size
+    is not known yet), a ``tf.data.Dataset`` returned (read there, after the backend's set-up), or a call that raised
+    in the graph (called again there, eagerly, where its own error is said)."""
+    if batch_param(job):
+        return None
+    kwargs = _kwargs(job)
+    key = _memo_key(job, kwargs)
+    if key not in _MEMO and not tfquiet.mentions(_source("dataset", job.dataset)):  # numpy alone: as it is
+        _MEMO[key] = _load(job, kwargs)
+    if key not in _MEMO:
+        ok, out = tfdata.probe(lambda: function("dataset", job.dataset)(**kwargs), job.seed)
+        if not ok:
+            return None
+        _MEMO[key] = _checked(job, out, _call_text(job, kwargs), ())
+    return _MEMO[key]
+
+
+def _call_text(job: Any, kwargs: dict[str, Any]) -> str:
+    return f"{job.dataset.split(':')[1]}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+
+
+def _load(job: Any, kwargs: dict[str, Any]) -> UserData:
+    tf = sys.modules.get("tensorflow")
+    if tf is None and tfquiet.mentions(_source("dataset", job.dataset)):  # first: quietly, and to seed the call
+        tf = tfquiet.import_tensorflow()
+    if tf is not None:  # an unseeded shuffle in the function then draws the same op seeds in every process
+        tf.random.set_seed(job.seed)
+    out = call("dataset", job.dataset, **kwargs)
+    parts = out.values() if isinstance(out, dict) else [out]
+    if tf is None and any(tfdata.is_dataset(p) for p in parts):  # it imported TensorFlow itself: seed, call again
+        sys.modules["tensorflow"].random.set_seed(job.seed)
+        out = call("dataset", job.dataset, **kwargs)
+    done: list[str] = []
+    return _checked(job, out, _call_text(job, kwargs), done)
+
+
+def _checked(job: Any, out: Any, call_text: str, done: list[str] | tuple[str, ...]) -> UserData:
     ref = job.dataset
-    out = call("dataset", ref, **job.dataset_args)
     if isinstance(out, dict):
         unknown = set(out) - {"train", "validation"}
         if "train" not in out or unknown:
@@ -210,7 +292,8 @@ def _load(job: Any) -> UserData:
         train, val = out["train"], out.get("validation")
     else:
         train, val = out, None
-    x, y = _pair(ref, train, "training")
+    done = list(done)
+    x, y = _pair(ref, train, "training", done)
     explicit = job.num_classes if job.num_classes > 0 else None
     num_classes = explicit
     if _is_int(y):
@@ -218,14 +301,14 @@ def _load(job: Any) -> UserData:
         _check_labels(ref, y, num_classes, explicit, "training")
     validation = None
     if val is not None:
-        vx, vy = _pair(ref, val, "validation")
+        vx, vy = _pair(ref, val, "validation", done)
         if vx.shape[1:] != x.shape[1:] or vy.shape[1:] != y.shape[1:]:
             raise UserCodeError(f"dataset = {ref!r}: validation arrays have shapes {vx.shape} and {vy.shape}, the "
                                 f"training ones {x.shape} and {y.shape} (all but the first dimension must agree)")
         if num_classes is not None and _is_int(vy):
             _check_labels(ref, vy, num_classes, explicit, "validation")
         validation = (vx, vy)
-    return UserData(x, y, validation, num_classes)
+    return UserData(x, y, validation, num_classes, call_text, tuple(done))
 
 
 def _is_int(y: np.ndarray) -> bool:
@@ -240,47 +323,27 @@ def _check_labels(ref: str, y: np.ndarray, num_classes: int, explicit: int | Non
                             f"expected 0..{num_classes - 1}")
 
 
-def _pair(ref: str, value: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """(features, labels) as numpy arrays from a tuple of arrays or an unbatched finite tf.data.Dataset."""
-    if _is_tf_dataset(value):
-        value = _materialise(ref, value, split)
+def _pair(ref: str, value: Any, split: str, done: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(features, labels) as numpy arrays from a tuple of arrays or a tf.data.Dataset (``common.workload.tfdata``:
+    what it did is appended to ``done``)."""
+    if tfdata.is_dataset(value):
+        x, y, did = tfdata.read(sys.modules["tensorflow"], ref, value, split, UserCodeError)
+        value = (x, y)
+        if done is not None:
+            done.append(did)
     if not isinstance(value, tuple | list) or len(value) != 2:
         raise UserCodeError(f"dataset = {ref!r}: {split} data is a {type(value).__name__}: expected a tuple "
-                            "(features, labels) of numpy arrays or an unbatched tf.data.Dataset of (x, y)")
+                            "(features, labels) of numpy arrays or a tf.data.Dataset of (x, y)")
     x, y = (np.asarray(v) for v in value)
-    for what, a in (("features", x), ("labels", y)):
-        if a.ndim < 1 or a.dtype.kind not in "biuf":
-            raise UserCodeError(f"dataset = {ref!r}: {split} {what} must be a numeric array with a first (sample) "
-                                f"dimension, got {a.dtype} of shape {a.shape}")
-    if len(x) != len(y):
-        raise UserCodeError(f"dataset = {ref!r}: {split} arrays of different lengths: {len(x)} features, "
-                            f"{len(y)} labels")
-    if len(x) == 0:
-        raise UserCodeError(f"dataset = {ref!r}: the {split} arrays are empty")
+    found = [f"{split} {what} must be a numeric array with a first (sample) dimension, got {a.dtype} of shape "
+             f"{a.shape}" for what, a in (("features", x), ("labels", y)) if a.ndim < 1 or a.dtype.kind not in "biuf"]
+    if x.ndim and y.ndim and len(x) != len(y):
+        found.append(f"{split} arrays of different lengths: {len(x)} features, {len(y)} labels")
+    elif x.ndim and len(x) == 0:
+        found.append(f"the {split} arrays are empty")
+    if found:  # every problem at once
+        raise UserCodeError(f"dataset = {ref!r}: {'; and '.join(found)}")
     return x, y
-
-
-def _is_tf_dataset(value: Any) -> bool:
-    return type(value).__module__.startswith("tensorflow") and hasattr(value, "as_numpy_iterator")
-
-
-def _materialise(ref: str, ds: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
-    import tensorflow as tf
-
-    if int(ds.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
-        raise UserCodeError(f"dataset = {ref!r}: the {split} tf.data.Dataset is infinite (drop its repeat())")
-    if "Batch" in type(ds).__name__:
-        raise UserCodeError(f"dataset = {ref!r}: the {split} tf.data.Dataset is batched: return it unbatched "
-                            "(twinbench batches by the global batch and shards it)")
-    xs, ys = [], []
-    for element in ds.as_numpy_iterator():
-        if not isinstance(element, tuple) or len(element) != 2:
-            raise UserCodeError(f"dataset = {ref!r}: the {split} tf.data.Dataset's elements must be (x, y) pairs")
-        xs.append(element[0])
-        ys.append(element[1])
-    if not xs:
-        raise UserCodeError(f"dataset = {ref!r}: the {split} tf.data.Dataset is empty")
-    return np.stack(xs), np.stack(ys)
 
 
 # ----------------------------------------------------------------------------------------------------------------

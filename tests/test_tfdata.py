@@ -1,0 +1,207 @@
+"""A dataset function returning a ``tf.data.Dataset`` (common/workload/tfdata.py): the tutorials' shape (a batch-size
+parameter, an unseeded shuffle, ``repeat()`` and ``batch()`` last) read as one pass of its examples, every problem
+named in one refusal, and the real launch on both backends at 2 workers: the function runs after the backend
+configured TensorFlow (no "TensorFlow started before twinbench could configure it"), the same losses and
+evaluations on both, the banner says what twinbench did, and no GPU-probe lines on a machine without a GPU.
+
+TensorFlow processes: 4 in ``launched`` (native --nproc 2: a parent that never imports TensorFlow and 2 workers;
+Horovod: 2 ranks under mpirun, each probing the function in a graph first), and this process; the tutorial
+example's check (8 runs) runs only once ``argcheck`` accepts its functions (see the test).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from common.core import tfquiet
+from common.workload import argcheck, tfdata, usercode
+from common.workload.job import load_job
+from tests.conftest import REPO, backend_cmd, first_divergence, only_result, run, user_job
+
+TUTORIAL_JOB = REPO / "examples" / "tutorialpkg" / "tutorial_job.toml"  # beside its package: see the check test
+# The tutorial's mnist_dataset(batch_size) with TensorFlow imported inside the functions (the module imports none),
+# a validation split as an unbatched finite tf.data.Dataset, and what cannot be read.
+SOURCE = textwrap.dedent('''
+    import numpy as np
+
+    def _arrays(n, seed):
+        rng = np.random.default_rng(seed)
+        y = rng.integers(0, 4, size=n)
+        x = (rng.normal(size=(n, 8)) + 2.0 * y[:, None]).astype(np.float32)
+        return x, y.astype(np.int64)
+
+    def tutorial(batch_size):
+        import tensorflow as tf
+        train = tf.data.Dataset.from_tensor_slices(_arrays(512, 0)).shuffle(512).repeat().batch(batch_size)
+        return {"train": train, "validation": tf.data.Dataset.from_tensor_slices(_arrays(96, 1))}
+
+    def unbatched():
+        import tensorflow as tf
+        return tf.data.Dataset.from_tensor_slices(_arrays(64, 0))
+
+    def arrays():
+        return _arrays(64, 0)
+
+    def bad(batch_size):
+        import tensorflow as tf
+        ds = tf.data.Dataset.from_tensor_slices(_arrays(64, 0)).repeat().batch(4).map(lambda x, y: (x, y))
+        return ds.repeat().batch(batch_size)
+
+    def mlp(input_shape, num_classes):
+        import tensorflow as tf
+        inputs = tf.keras.Input(shape=input_shape)
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(tf.keras.layers.Dense(16)(inputs)))
+''')
+JOB = {"pythonpath": '["."]', "dataset": '"tfd.fns:tutorial"', "model": '"tfd.fns:mlp"', "metrics": '["accuracy"]',
+       "per_replica_batch_size": "16", "steps": "8", "steps_per_epoch": "4"}
+
+
+@pytest.fixture
+def job_file(tmp_path, restore_sys_path, monkeypatch) -> Path:
+    monkeypatch.setattr(usercode, "_WORLD", {})  # no replica count left by another test
+    monkeypatch.setattr(usercode, "_MEMO", {})
+    return user_job(tmp_path, "tfd", SOURCE, JOB)
+
+
+# -- the loader, in this process --------------------------------------------------------------------------------
+def test_the_tutorial_shape_is_one_pass_of_its_examples_with_the_global_batch(job_file):
+    usercode.set_replicas(2)
+    data = usercode.load_data(load_job(job_file))
+    assert data.call == "tutorial(batch_size=32)"  # the global batch: 16 per replica x 2
+    assert data.done[0] == "training: removed its last batch(32), repeat(); read one pass, 512 examples"
+    assert data.done[1] == "validation: read one pass, 96 examples"
+    sys.path.insert(0, str(job_file.parent))
+    from tfd import fns
+
+    x, y = fns._arrays(512, 0)
+    order = np.lexsort(data.x.T)
+    assert np.array_equal(data.x[order], x[np.lexsort(x.T)])  # the same examples, each once
+    assert not np.array_equal(data.x, x)  # in the order of the function's own shuffle
+    assert np.array_equal(data.y[order], y[np.lexsort(x.T)])
+    usercode._MEMO.clear()  # called again: its unseeded shuffle draws the same order (the job's seed)
+    assert np.array_equal(usercode.load_data(load_job(job_file)).x, data.x)
+
+
+def test_a_dataset_that_cannot_be_read_names_every_problem_in_one_line(job_file):
+    with pytest.raises(usercode.UserCodeError) as e:
+        usercode.load_data(load_job(job_file, ["dataset=tfd.fns:bad"]))
+    message = str(e.value)
+    assert "\n" not in message and "after removing its last batch(16), repeat()" in message
+    assert "is infinite and batched (batch(4) under map()) and repeated (repeat() under batch())" in message
+
+
+def test_arrays_refused_for_every_problem_at_once():
+    with pytest.raises(usercode.UserCodeError) as e:
+        usercode._pair("p.m:f", (np.array(["a", "b"]), np.arange(3)), "training")
+    assert str(e.value) == ("dataset = 'p.m:f': training features must be a numeric array with a first (sample) "
+                            "dimension, got <U1 of shape (2,); and training arrays of different lengths: 2 features, "
+                            "3 labels")
+
+
+def test_before_tensorflow_is_configured_only_arrays_are_kept(job_file):
+    """The graph probe keeps a function's arrays; a dataset, or a batch-size parameter, waits for the ranks."""
+    assert usercode.load_before_tf(load_job(job_file)) is None  # batch_size: the world size is not known yet
+    assert usercode.load_before_tf(load_job(job_file, ["dataset=tfd.fns:unbatched"])) is None
+    data = usercode.load_before_tf(load_job(job_file, ["dataset=tfd.fns:arrays"]))
+    assert data is not None and data.x.shape == (64, 8) and data.num_classes == 4
+    ok, out = tfdata.probe(lambda: ([1.0], [2]), 1)
+    assert ok and out == ([1.0], [2])
+
+
+def test_the_gpu_probe_lines_are_dropped_and_nothing_else():
+    text = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+            "I0000 00:00:1 1 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.\n"
+            "E0000 00:00:1 1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: (303)\n"
+            "E0000 something real\n")
+    assert tfquiet.keep(text) == ("WARNING: All log messages before absl::InitializeLog() is called are written to "
+                                  "STDERR\nE0000 something real\n")
+
+
+def test_only_a_terminal_or_a_pipe_is_tidied_a_run_log_keeps_every_line(tmp_path, monkeypatch):
+    """No TensorFlow: where fd 2 points decides (the launch tests below show the lines gone through a pipe)."""
+    monkeypatch.delenv("TWINBENCH_TF_NOISE", raising=False)
+    monkeypatch.setattr(tfquiet, "has_gpu_node", lambda: False)
+    saved = os.dup(2)
+    try:
+        with (tmp_path / "log").open("w") as log:
+            os.dup2(log.fileno(), 2)
+            as_log = tfquiet.should_filter()
+        read, write = os.pipe()
+        os.dup2(write, 2)
+        as_pipe = tfquiet.should_filter()
+        monkeypatch.setenv("TWINBENCH_TF_NOISE", "1")
+        kept = tfquiet.should_filter()
+        os.close(read)
+        os.close(write)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    assert (as_log, as_pipe, kept) == (False, True, False)
+    monkeypatch.setattr(tfquiet, "has_gpu_node", lambda: True)  # a GPU's failed cuInit is a real error
+    assert not tfquiet.should_filter()
+
+
+# -- through a real launch, both backends at 2 workers ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict[str, tuple[dict[str, Any], subprocess.CompletedProcess[str]]]:
+    """Native with the batch size left to twinbench (the function waits for the ranks: it needs the world size);
+    Horovod with ``dataset_args = { batch_size = 32 }`` (the function is probed in a graph before TensorFlow is
+    configured, returns a dataset, and is called again in the ranks): the two ways a dataset reaches the ranks."""
+    tmp = tmp_path_factory.mktemp("tfdata")
+    jobs = {"native": user_job(tmp, "tfd", SOURCE, JOB, "implicit.toml"),
+            "horovod": user_job(tmp, "tfd", SOURCE, {**JOB, "dataset_args": "{ batch_size = 32 }"}, "given.toml")}
+    got = {}
+    for kind, job in jobs.items():
+        out = tmp / f"r-{kind}"
+        cmd = [c for c in backend_cmd(kind, out, job=str(job)) if c != "--quiet"]  # the banner
+        proc = run(cmd)
+        got[kind] = only_result(out), proc
+    return got
+
+
+def test_a_tf_data_function_runs_on_both_backends_to_the_same_losses(launched):
+    nat, hvd = launched["native"][0], launched["horovod"][0]
+    assert nat["world_size"] == hvd["world_size"] == 2 and nat["global_batch_size"] == 32
+    assert nat["job"]["dataset_args"] == {} and hvd["job"]["dataset_args"] == {"batch_size": 32}
+    assert nat["initial_weights_digest"] == hvd["initial_weights_digest"]
+    msg = first_divergence(nat["step_losses"], hvd["step_losses"], 1e-5)  # two jobs (dataset_args), the same data
+    assert msg is None, msg
+    assert [e["step"] for e in nat["evaluations"]] == [e["step"] for e in hvd["evaluations"]] == [4, 8]
+    for a, b in zip(nat["evaluations"], hvd["evaluations"], strict=True):
+        assert abs(a["accuracy"] - b["accuracy"]) <= 1e-6 and abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"]
+
+
+@pytest.mark.parametrize("kind, given", [("native", " (batch_size = the global batch, 16 per replica x 2)"),
+                                         ("horovod", "")])
+def test_the_banner_says_what_twinbench_did_once_and_no_gpu_probe_lines(launched, kind, given):
+    proc = launched[kind][1]
+    text = proc.stdout + proc.stderr
+    line = (f"[twinbench] dataset: tutorial(batch_size=32){given}: training: removed its last batch(32), repeat(); "
+            "read one pass, 512 examples; validation: read one pass, 96 examples")
+    assert text.count(line) == 1, text[-3000:]
+    if not tfquiet.has_gpu_node():
+        assert "Could not find cuda drivers" not in text and "cuInit" not in text, text[-3000:]
+
+
+# -- the tutorial example -------------------------------------------------------------------------------------------
+def test_check_passes_on_the_tutorial_example(tmp_path, restore_sys_path):
+    """common.check on the tutorial example: both backends at 1 and 2 workers, fit and the custom loop. The job sits
+    beside its package, out of examples/*.toml, until argcheck accepts its functions (a batch-size parameter, a
+    model function without arguments): tests/test_argcheck.py checks every examples/*.toml."""
+    found = argcheck.problems(load_job(TUTORIAL_JOB))
+    if found:  # a no-argument compiled model function and the batch-size parameter must be accepted first
+        pytest.skip(f"argcheck refuses the tutorial's functions: {found[0]}")
+    from tests.test_check import _check
+
+    proc = _check("--job", str(TUTORIAL_JOB), "--steps", "6", "--results", str(tmp_path), timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "pairs agree to 1e-05" in proc.stdout, proc.stdout
+
