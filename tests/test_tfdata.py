@@ -11,6 +11,7 @@ example's check (8 runs) runs only once ``argcheck`` accepts its functions (see 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from common.workload import argcheck, tfdata, usercode
 from common.workload.job import load_job
 from tests.conftest import REPO, backend_cmd, first_divergence, only_result, run, user_job
 
-TUTORIAL_JOB = REPO / "examples" / "tutorialpkg" / "tutorial_job.toml"  # beside its package: see the check test
+TUTORIAL_JOB = REPO / "examples" / "tutorial_job.toml"
 # The tutorial's mnist_dataset(batch_size) with TensorFlow imported inside the functions (the module imports none),
 # a validation split as an unbatched finite tf.data.Dataset, and what cannot be read.
 SOURCE = textwrap.dedent('''
@@ -193,15 +194,18 @@ def test_the_banner_says_what_twinbench_did_once_and_no_gpu_probe_lines(launched
 
 # -- the tutorial example -------------------------------------------------------------------------------------------
 def test_check_passes_on_the_tutorial_example(tmp_path, restore_sys_path):
-    """common.check on the tutorial example: both backends at 1 and 2 workers, fit and the custom loop. The job sits
-    beside its package, out of examples/*.toml, until argcheck accepts its functions (a batch-size parameter, a
-    model function without arguments): tests/test_argcheck.py checks every examples/*.toml."""
-    found = argcheck.problems(load_job(TUTORIAL_JOB))
-    if found:  # a no-argument compiled model function and the batch-size parameter must be accepted first
-        pytest.skip(f"argcheck refuses the tutorial's functions: {found[0]}")
+    """common.check on the tutorial's mnist_setup.py as written (a batched, repeated dataset function taking the batch
+    size; a model function without arguments that compiles SGD(learning_rate=0.001)), with a job file alone: both
+    backends at 1 and 2 workers, fit and the custom loop, agree; every run trained at the compiled learning rate."""
+    assert argcheck.problems(load_job(TUTORIAL_JOB)) == []
     from tests.test_check import _check
 
     proc = _check("--job", str(TUTORIAL_JOB), "--steps", "6", "--results", str(tmp_path), timeout=1800)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "pairs agree to 1e-05" in proc.stdout, proc.stdout
+    records = [json.loads(f.read_text()) for f in tmp_path.glob("*/*.json")]
+    assert len(records) == 8, [r.get("backend") for r in records]
+    for rec in records:  # the tutorial's compiled optimizer, not twinbench's default (0.01)
+        assert rec["compiled"]["learning_rate"] == pytest.approx(0.001), rec["compiled"]
+        assert rec["compiled"]["optimizer"]["compiled_class"].endswith("SGD"), rec["compiled"]
 

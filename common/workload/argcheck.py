@@ -181,6 +181,8 @@ def problems(job: Any) -> list[str]:
         passed, supplied = POSITIONAL[kind], frozenset()
         if kind == "dataset" and params.positional[:1] == (inputfn.PARAM,):
             passed, supplied = (inputfn.PARAM,), frozenset({inputfn.GLOBAL_BATCH})
+        elif kind == "dataset":  # a batch-size parameter the job does not give gets the global batch
+            supplied = frozenset(usercode.BATCH_PARAMS)
         if kind == "model" and not usercode.model_inputs_rule(params.positional, params.var_args, job.model_args):
             passed = ()  # a model function without positional parameters is called with model_args only
         args_key = ARGS_KEY.get(kind)

@@ -4,7 +4,7 @@ The tutorial's two functions as it writes them: ``mnist_dataset(batch_size)`` re
 ``tf.data.Dataset`` (the tutorial calls it with the global batch size), and ``build_and_compile_cnn_model()`` a
 compiled CNN. The one change: ``tf.keras.datasets.mnist.load_data()`` downloads, so ``_synthetic_mnist`` makes
 deterministic 28x28 uint8 "digits" (a template per class plus noise) with numpy instead. twinbench takes the
-functions as they are (``examples/tutorialpkg/tutorial_job.toml``): it passes the global batch to ``batch_size``,
+functions as they are (``examples/tutorial_job.toml``): it passes the global batch to ``batch_size``,
 removes the last ``repeat()`` and ``batch()``, reads one pass of the examples and shuffles, batches and shards them
 itself.
 """
