@@ -19,7 +19,14 @@ FALLBACK_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers \
 	tests/test_parity.py::test_fit_and_ctl_compute_the_same_thing \
 	tests/test_backends.py::test_horovod_under_mpirun_matches_gloo
 
-.PHONY: setup demo test test-fallback lint doctor gpu-check clean
+# A stand-in for the last NGC TensorFlow image's stack (nvcr.io/nvidia/tensorflow:25.02-tf2-py3): TensorFlow 2.17.1 +
+# tf-keras 2.17.0 + Keras 3.3.2 + the unpatched Horovod sdist (requirements-tf2.17.txt), set up once, then used as
+# a stack twinbench did not install (TWINBENCH_STACK=as-is: the doctor must pass) for both backends at 2 ranks.
+NGC_VENV := .venv-tf2.17
+NGC_PY := $(NGC_VENV)/bin/python
+NGC_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers
+
+.PHONY: setup demo test test-fallback test-ngc lint doctor gpu-check clean
 
 setup:  ## idempotent: Debian OpenMPI, .venv, TensorFlow, tf-keras, Horovod (wheel cached in ~/.cache/twinbench)
 	TWINBENCH_VENV=.venv bash scripts/setup.sh
@@ -43,6 +50,11 @@ test:  ## set-up (with Debian's Slurm and munge for tests/test_slurm.py), then t
 test-fallback:  ## the TF 2.18 fallback in .venv-tf2.18: set-up, then the parity and Horovod smoke tests
 	TWINBENCH_TF=2.18 TWINBENCH_VENV=$(FALLBACK_VENV) bash scripts/setup.sh
 	$(FALLBACK_PY) -m pytest -ra $(FALLBACK_TESTS)
+
+test-ngc:  ## NGC 25.02's stack stand-in in .venv-tf2.17: set-up, the as-is doctor, then native vs Horovod parity
+	TWINBENCH_TF=2.17 TWINBENCH_VENV=$(NGC_VENV) bash scripts/setup.sh
+	TWINBENCH_STACK=as-is PYTHON=$(NGC_PY) TWINBENCH_STACK_DEPS=$(NGC_VENV)/stack-deps bash scripts/setup.sh
+	PYTHONPATH=$(CURDIR):$(CURDIR)/$(NGC_VENV)/stack-deps $(NGC_PY) -m pytest -ra $(NGC_TESTS)
 
 lint:
 	$(PY) -m ruff check .
