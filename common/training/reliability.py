@@ -4,6 +4,8 @@
   probes every peer's port; a peer whose port stops answering (killed, OOM, crashed host) is named and this rank
   exits with ``EXIT_PEER_LOST`` instead of hanging in the next collective. No training step is involved, so it
   costs nothing in the timed loop. It also ends a rank whose steps have stopped progressing (``stall_timeout``).
+  Peers are probed at addresses, never names (``netif.reach_address``), and a peer that never answered is a set-up
+  error (``EXIT_USAGE``): its heartbeat was open before the addresses were exchanged, so it was never reachable.
 - ``Preemption``: SIGTERM / SIGUSR1 (Slurm ``--signal``, ``scancel``, requeue) set a flag; every
   ``check_every`` steps all ranks agree (one tiny collective) on whether anyone was signalled, so they all stop
   after the same step, write one checkpoint and exit with ``EXIT_PREEMPTED``.
