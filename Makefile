@@ -23,7 +23,14 @@ FALLBACK_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers \
 # launches (demo, common.check) must run there too, with the Gloo build's losses (tests/test_gloo_less.py).
 NOGLOO_VENV := .venv-nogloo
 
-.PHONY: setup demo test test-fallback test-nogloo lint doctor gpu-check clean
+# A stand-in for the last NGC TensorFlow image's stack (nvcr.io/nvidia/tensorflow:25.02-tf2-py3): TensorFlow 2.17.1 +
+# tf-keras 2.17.0 + Keras 3.3.2 + the unpatched Horovod sdist (requirements-tf2.17.txt), set up once, then used as
+# a stack twinbench did not install (TWINBENCH_STACK=as-is: the doctor must pass) for both backends at 2 ranks.
+NGC_VENV := .venv-tf2.17
+NGC_PY := $(NGC_VENV)/bin/python
+NGC_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers
+
+.PHONY: setup demo test test-fallback test-nogloo test-ngc lint doctor gpu-check clean
 
 setup:  ## idempotent: Debian OpenMPI, .venv, TensorFlow, tf-keras, Horovod (wheel cached in ~/.cache/twinbench)
 	TWINBENCH_VENV=.venv bash scripts/setup.sh
@@ -51,6 +58,11 @@ test-fallback:  ## the TF 2.18 fallback in .venv-tf2.18: set-up, then the parity
 test-nogloo: setup  ## .venv-nogloo (Horovod without Gloo, wheel cached): the demo and common.check run on it
 	bash scripts/setup_nogloo.sh
 	TWINBENCH_GLOO_LESS=1 $(NOGLOO_VENV)/bin/python -m pytest -ra tests/test_gloo_less.py
+
+test-ngc:  ## NGC 25.02's stack stand-in in .venv-tf2.17: set-up, the as-is doctor, then native vs Horovod parity
+	TWINBENCH_TF=2.17 TWINBENCH_VENV=$(NGC_VENV) bash scripts/setup.sh
+	TWINBENCH_STACK=as-is PYTHON=$(NGC_PY) TWINBENCH_STACK_DEPS=$(NGC_VENV)/stack-deps bash scripts/setup.sh
+	PYTHONPATH=$(CURDIR):$(CURDIR)/$(NGC_VENV)/stack-deps $(NGC_PY) -m pytest -ra $(NGC_TESTS)
 
 lint:
 	$(PY) -m ruff check .

@@ -10,6 +10,8 @@
 # Variables:
 #   TWINBENCH_TF=2.21      the default: requirements.txt, Horovod sdist + scripts/patches/horovod-0.28.1-tf2.19plus.patch
 #   TWINBENCH_TF=2.18      the fallback: requirements-tf2.18.txt, the unpatched Horovod sdist
+#   TWINBENCH_TF=2.17      a stand-in for the last NGC TensorFlow image's stack (25.02): requirements-tf2.17.txt,
+#                          the unpatched Horovod sdist (make test-ngc)
 #   TWINBENCH_TF=site      the TensorFlow 2.16-2.21 that $PYTHON (default python3; python with --horovod-only)
 #                          already imports (a site module, an existing environment): scripts/site_tf.py checks it and
 #                          its tf-keras (installs tf-keras~=X.Y.0 if missing) and picks the patches (2.19+ only); the
@@ -48,9 +50,11 @@ case "$TB_TF" in
         PATCHES=(scripts/patches/horovod-0.28.1-tf2.19plus.patch) ;;
   2.18) REQUIREMENTS=requirements-tf2.18.txt
         PATCHES=() ;;      # TF 2.18 is the last that the unpatched 0.28.1 sdist builds against
+  2.17) REQUIREMENTS=requirements-tf2.17.txt
+        PATCHES=() ;;      # NGC 25.02's TensorFlow, which the unpatched sdist builds against too
   site) REQUIREMENTS=requirements.txt   # less its TensorFlow pins (scripts/site_tf.py requirements)
         PATCHES=() ;;      # scripts/site_tf.py detect decides them from the TensorFlow it finds
-  *) printf '[setup] TWINBENCH_TF must be 2.21 (default), 2.18 (fallback) or site, not "%s"\n' "$TB_TF" >&2; exit 2 ;;
+  *) printf '[setup] TWINBENCH_TF must be 2.21 (default), 2.18 (fallback), 2.17 (the NGC 25.02 stand-in) or site, not "%s"\n' "$TB_TF" >&2; exit 2 ;;
 esac
 # The pins live in the requirements file (tests/test_environment.py checks environment.yml and environment-build.yml
 # against it).

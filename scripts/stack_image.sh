@@ -8,12 +8,14 @@
 # Run it with `ch-run IMAGE -- /opt/stack/bin/python ...` (Charliecloud 0.31: Debian's charliecloud package).
 # Prints the image directory on its last line; `--path` only prints it (exit 1 when it is not built yet). Cached: a finished image is never rebuilt (the directory name
 # holds the Debian release, TensorFlow's version and the Horovod build id); an unfinished one is started again.
+# `--no-hosts` prints (making it once) a hard-linked copy of the built image without /etc/hosts: ch-run then binds
+# none, and no name resolves inside (neither the host's own nor localhost), as in an image built without one.
 # Variables: TWINBENCH_CACHE (default ~/.cache/twinbench), TWINBENCH_VENV (.venv: its pip downloads the wheels,
 # through the same indexes as the set-up), DEBIAN_MIRROR (default: the host's Debian mirror, else deb.debian.org).
 # Needs root (debootstrap, chroot) and debootstrap + ch-run: installed with apt-get when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in ""|--path) ;; *) printf 'usage: %s [--path]\n' "$0" >&2; exit 2 ;; esac
+case "${1:-}" in ""|--path|--no-hosts) ;; *) printf 'usage: %s [--path|--no-hosts]\n' "$0" >&2; exit 2 ;; esac
 log() { printf '[stack-image] %s\n' "$*" >&2; }
 
 CACHE=${TWINBENCH_CACHE:-$HOME/.cache/twinbench}
@@ -29,6 +31,19 @@ wheeldir=$(ls -d "$CACHE"/horovod-*-tf"$TF_VERSION"-"$pytag"-p* 2>/dev/null | gr
 whl=$(ls "$wheeldir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 [ -n "$whl" ] || { log "no Horovod wheel for TensorFlow $TF_VERSION ($pytag) in $CACHE: run make setup first"; exit 2; }
 img="$CACHE/images/stack-$SUITE-tf$TF_VERSION-$(basename "$wheeldir")"
+if [ "${1:-}" = --no-hosts ] && [ -x "$img/opt/stack/bin/python" ]; then
+  bare="$img-nohosts"
+  if [ ! -x "$bare/opt/stack/bin/python" ]; then
+    rm -rf "$bare.tmp"
+    cp -al "$img" "$bare.tmp"  # new directories, the same files: seconds, and no space
+    rm -f "$bare.tmp/etc/hosts"  # unlinks the copy's name only
+    mv "$bare.tmp" "$bare"
+  fi
+  mkdir -p "$bare$PWD"
+  log "cached: $bare"
+  echo "$bare"
+  exit 0
+fi
 if [ -x "$img/opt/stack/bin/python" ]; then
   # ch-run binds onto existing directories only (the image is read-only): the checkout's path, as a site's image
   # has its file systems' mount points
@@ -37,7 +52,7 @@ if [ -x "$img/opt/stack/bin/python" ]; then
   echo "$img"
   exit 0
 fi
-[ "${1:-}" != --path ] || { log "not built yet: bash scripts/stack_image.sh builds it"; exit 1; }
+[ -z "${1:-}" ] || { log "not built yet: bash scripts/stack_image.sh builds it"; exit 1; }
 
 [ "$(id -u)" = 0 ] || { log "needs root (debootstrap and chroot)"; exit 2; }
 need=()

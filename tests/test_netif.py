@@ -148,7 +148,7 @@ def test_watchdog_probes_the_interface_address_not_the_host_name():
     from common.training import reliability as rel
 
     assert netif.reach_address("lo") == "127.0.0.1"  # what start_watchdog and the link probe publish
-    assert netif.reach_address(None) == socket.gethostname()
+    assert netif.reach_address(None) == netif.own_address()
     beat = rel.Heartbeat()
     try:
         live = {"rank": 1, "port": beat.port, "pid": 1}
@@ -161,6 +161,56 @@ def test_watchdog_probes_the_interface_address_not_the_host_name():
         assert by_name.lost_peers() == []
     finally:
         beat.close()
+
+
+def _no_name_resolves(monkeypatch) -> None:
+    """As in an image without /etc/hosts run by a runtime that binds none (Charliecloud's ch-run): no name
+    resolves, the host's own and ``localhost`` included; IP literals still work."""
+    real_getaddrinfo = socket.getaddrinfo
+
+    def literal_only(host, *args, **kwargs):
+        try:
+            socket.inet_aton(host)
+        except (OSError, TypeError):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known") from None
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    def no_name(host):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", literal_only)
+    monkeypatch.setattr(socket, "gethostbyname", no_name)
+
+
+def test_watchdog_reaches_a_live_peer_where_no_host_name_resolves(clean_env):
+    """Without --iface a rank publishes an address, never its host name: where no name resolves, a live peer
+    must answer the watchdog (publishing the host name, both ranks of a healthy run were killed as lost peers)."""
+    from common.training import reliability as rel
+
+    _no_name_resolves(clean_env)
+    published = netif.reach_address(None)
+    socket.inet_aton(published)  # an IPv4 literal
+    beat = rel.Heartbeat()
+    try:
+        dog = rel.Watchdog(0, [{"rank": 1, "host": socket.gethostname(), "address": published, "port": beat.port,
+                                "pid": 1}])
+        assert dog.lost_peers() == []
+    finally:
+        beat.close()
+
+
+def test_own_address_follows_the_route_to_the_coordinator(clean_env):
+    """The source address towards the coordinator: loopback when TF_CONFIG's workers are on loopback (all ranks on
+    this host), else this host's address on the route there; without a coordinator, an address of this host."""
+    _no_name_resolves(clean_env)
+    local = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}})}
+    assert netif.own_address(local) == "127.0.0.1"
+    mine = netif.own_address({})
+    assert netif._holds(mine)
+    assert netif.own_address({"HOROVOD_GLOO_RENDEZVOUS_ADDR": mine}) == mine
+    named = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["node1:1", "node2:2"]}})}  # a name: not resolved
+    assert netif.own_address(named) == mine
+    assert netif._route_source("127.0.0.2") == "127.0.0.1"
 
 
 @pytest.mark.parametrize("module", ["backends.native", "backends.horovod"])

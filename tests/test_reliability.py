@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -276,3 +277,41 @@ def test_a_peer_that_closes_its_port_after_the_failed_collective_is_still_named_
     assert [p["rank"] for p in dog.lost_peers(grace=6.0)] == [1]
     assert time.monotonic() - t0 < 6.0
     timer.join()
+
+
+def test_a_peer_never_reached_is_a_set_up_error_and_one_that_stops_answering_is_lost(monkeypatch):
+    """A peer whose published address fails from the first probe never was reachable from here (a name that does
+    not resolve, another network): exit 2 naming the address and --iface, not exit 3 and "lost rank". A peer that
+    answered and then stopped is lost (exit 3)."""
+    from common.training import reliability as rel
+
+    monkeypatch.setattr(rel, "PROBE_INTERVAL", 0.2)  # the same rule, five times faster
+
+    def watch(beat: rel.Heartbeat, address: str, close_after: float | None) -> tuple[int, str]:
+        ended: list[tuple[int, str]] = []
+        done = threading.Event()
+
+        def record(code: int, message: str) -> None:
+            ended.append((code, message))
+            done.set()
+
+        peer = {"rank": 1, "host": "h", "address": address, "port": beat.port, "pid": 7}
+        dog = rel.Watchdog(0, [peer], peer_timeout=20.0, exit_fn=record).start()
+        if close_after is not None:
+            time.sleep(close_after)
+            beat.close()
+        assert done.wait(30), "the watchdog never ended the rank"
+        dog.stop()
+        return ended[0]
+
+    beat = rel.Heartbeat()
+    try:
+        code, message = watch(beat, "no-such-node.invalid", None)  # a name that does not resolve
+    finally:
+        beat.close()
+    assert code == rel.EXIT_USAGE, message
+    assert message.startswith("set-up: rank 0 cannot reach rank 1 (host h, pid 7) at no-such-node.invalid port ")
+    assert "--iface" in message and "lost" not in message
+    code, message = watch(rel.Heartbeat(), "127.0.0.1", close_after=1.0)  # answered, then gone
+    assert code == rel.EXIT_PEER_LOST, message
+    assert message.startswith("lost rank 1 (host h, pid 7): it no longer answers")

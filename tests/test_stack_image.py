@@ -1,6 +1,8 @@
 """twinbench on a stack it did not install: both backends at 2 ranks inside a centre-like image (Debian 12 minbase,
 TensorFlow + tf-keras from PyPI and a Horovod wheel in /opt/stack, no TensorBoard, no twinbench: the checkout is
-bound in), run by Charliecloud's ch-run through TWINBENCH_CONTAINER, against the same job on the host.
+bound in), run by Charliecloud's ch-run through TWINBENCH_CONTAINER, against the same job on the host; native and
+Horovod under mpirun in a copy of the image without /etc/hosts, where no name resolves (the watchdog must not need
+one).
 
 The image is built once by ``scripts/stack_image.sh`` (about 2 minutes; cached in ~/.cache/twinbench/images): the
 set-up for tests builds it (TWINBENCH_WITH_STACK_IMAGE=1); without it the test skips, or fails under make test."""
@@ -22,7 +24,9 @@ from tests.conftest import (
     base_env,
     env_with_broken_horovod,
     first_divergence,
+    mpirun_command,
     only_result,
+    pause_vars,
     run,
     skip_or_fail,
 )
@@ -40,15 +44,48 @@ def image() -> str:
     return p.stdout.strip().splitlines()[-1]
 
 
-def test_both_backends_inside_the_image_compute_what_they_do_on_the_host(runner, image, tmp_path):
-    env = {**base_env(), "TWINBENCH_CONTAINER": f"charliecloud:{image}",
-           "TWINBENCH_CONTAINER_PYTHON": IMAGE_PYTHON, "USER": os.environ.get("USER") or getpass.getuser()}
+@pytest.fixture(scope="module")
+def bare_image(image) -> str:
+    """The same image without /etc/hosts (a hard-linked copy, cached): ch-run binds none, no name resolves inside."""
+    p = subprocess.run(["bash", "scripts/stack_image.sh", "--no-hosts"], cwd=REPO, capture_output=True, text=True)
+    if p.returncode != 0 or not p.stdout.strip():
+        skip_or_fail(f"no copy of the stack image without /etc/hosts: {p.stderr.strip()}")
+    return p.stdout.strip().splitlines()[-1]
+
+
+def _image_env(image: str, **extra: str) -> dict[str, str]:
+    return {**base_env(), "TWINBENCH_CONTAINER": f"charliecloud:{image}", "TWINBENCH_CONTAINER_PYTHON": IMAGE_PYTHON,
+            "USER": os.environ.get("USER") or getpass.getuser(), **extra}
+
+
+def _launch_line(kind: str, out, env: dict[str, str], mpirun: bool = False) -> list[str]:
+    """The backend's own launch line inside the image (``python -m backends command``), or Horovod's ranks under
+    the image's mpirun, wrapped the same way."""
+    args = ["--job", SMOKE, "--results", str(out), "--quiet"]
+    if mpirun:
+        box = container.parse(env)
+        return container.wrap(mpirun_command(2, args, IMAGE_PYTHON), box, container.stack_env(box, env))
+    line = subprocess.run([PY, "-m", "backends", "command", kind, "2", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=True)
+    return line.stdout.splitlines()
+
+
+def test_both_backends_inside_the_image_compute_what_they_do_on_the_host(runner, image, bare_image, tmp_path,
+                                                                         monkeypatch):
+    """Each backend's launch line inside the image gives the host's per-step losses. Native and Horovod under
+    mpirun run in the copy without /etc/hosts, each step 0.5 s longer (a sleep: the losses are the same), so that
+    the ranks run well past the watchdog's first probes: there no name resolves, and a watchdog that probed its
+    peers by host name killed both ranks of these healthy runs as lost peers within 3 s of their start. Horovod's
+    own launcher runs in the image with /etc/hosts: horovodrun cannot resolve localhost without one, and Gloo's
+    ranks end on SIGSEGV there even at 127.0.0.1 (measured), so mpirun is Horovod's launcher in such an image."""
+    monkeypatch.setenv("USER", os.environ.get("USER") or getpass.getuser())  # ch-run --version (the mpirun line)
+    pause = pause_vars(0.5)
+    runs = [("native", bare_image, False), ("horovod", image, False), ("horovod", bare_image, True)]
     inside, host = tmp_path / "inside", {}
-    for kind in registry.names():
-        out = inside / kind
-        line = subprocess.run([PY, "-m", "backends", "command", kind, "2", "--job", SMOKE, "--results", str(out),
-                               "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-        cmd = line.stdout.splitlines()
+    for kind, img, mpirun in runs:
+        out = inside / f"{kind}{'-mpirun' if mpirun else ''}"
+        env = _image_env(img, **(pause if img == bare_image else {}))
+        cmd = _launch_line(kind, out, env, mpirun)
         assert cmd[0] == "ch-run" and IMAGE_PYTHON in cmd, cmd  # every rank runs the image's Python
         proc = run(cmd, env=env)
         # the image has no TensorBoard (TensorFlow 2.21 does not depend on it): one line, and the run completes
@@ -56,14 +93,15 @@ def test_both_backends_inside_the_image_compute_what_they_do_on_the_host(runner,
         rec = only_result(out)
         host[kind] = runner(kind)  # the session's same run on the host's .venv
         problem = first_divergence(rec["step_losses"], host[kind]["step_losses"], 1e-5)
-        assert problem is None, f"{kind} inside the image vs on the host: {problem}"
+        assert problem is None, f"{kind} inside {os.path.basename(img)} vs on the host: {problem}"
         assert rec["job_hash"] == host[kind]["job_hash"]
         vers = rec["versions"]
-        assert vers["container"].startswith("charliecloud 0.") and os.path.basename(image) in vers["container_image"]
+        assert vers["container"].startswith("charliecloud 0.") and os.path.basename(img) in vers["container_image"]
         assert vers["container_image"].startswith("manifest-sha256:")
         assert vers["python"] != "" and "container" not in host[kind]["versions"]
         if "horovod" in vers:
             assert vers["horovod_build"] == "found"  # the image's wheel, not this environment's marked build
+            assert rec["backend_info"]["controller"] == ("mpi" if mpirun else "gloo")
     # --baseline over the two sets names the image as a stack difference
     rep = subprocess.run([PY, "-m", "common.report", str(inside / registry.names()[0]), "--baseline",
                           str(runner.results_dir(registry.names()[0])), "--out", str(tmp_path / "rep"), "--no-plots"],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import json
 import os
 import socket
 import struct
@@ -136,10 +137,84 @@ def own_endpoint(iface: str | None) -> dict[str, str | None]:
 
 
 def reach_address(iface: str | None) -> str:
-    """Where this rank's peers connect to it (watchdog heartbeat, link probe): its address on ``iface``, the data
-    network, when one was chosen; else its host name (a name may resolve to a management network that stays up
-    while the data network is cut)."""
-    return str(ipv4(iface).ip) if iface else socket.gethostname()
+    """Where this rank's peers connect to it (watchdog heartbeat, link probe), as an address they can use without
+    resolving any name: its address on ``iface``, the data network, when one was chosen; else ``own_address()``."""
+    return str(ipv4(iface).ip) if iface else own_address()
+
+
+ROUTE_PROBE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): where the default route leads, never a real peer
+
+
+def own_address(environ: Mapping[str, str] | None = None) -> str:
+    """This host's address for its peers, found without depending on name resolution (an image without
+    /etc/hosts, run by a runtime that does not bind the host's, resolves neither its own name nor ``localhost``).
+    In order: the source address of the route towards the run's coordinator (TF_CONFIG's first worker, Gloo's
+    rendezvous address), which is where the collectives' traffic leaves from and is loopback exactly when the
+    coordinator is, i.e. all ranks are on this host; the address the host name resolves to, if this host holds it
+    on a non-loopback interface (Debian's 127.0.1.1 entry is not reachable from another host); the source address
+    of the default route; any non-loopback interface's address; loopback."""
+    env = os.environ if environ is None else environ
+    for target in _coordinators(env):
+        found = _route_source(target)
+        if found:
+            return found
+    try:
+        named = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        named = None
+    if named and not ipaddress.IPv4Address(named).is_loopback and _holds(named):
+        return named
+    found = _route_source(ROUTE_PROBE)
+    if found and not ipaddress.IPv4Address(found).is_loopback:
+        return found
+    for _, name in socket.if_nameindex():
+        try:
+            address = _ioctl(name, SIOCGIFADDR)
+        except OSError:
+            continue  # an interface without an IPv4 address
+        if not ipaddress.IPv4Address(address).is_loopback:
+            return address
+    return "127.0.0.1"
+
+
+def _coordinators(env: Mapping[str, str]) -> list[str]:
+    """The IPv4 literals this rank knows its coordinator by (names are left out: they may not resolve here)."""
+    hosts = []
+    try:
+        workers = json.loads(env.get("TF_CONFIG") or "{}").get("cluster", {}).get("worker") or []
+        hosts.append(str(workers[0]).rpartition(":")[0])
+    except (ValueError, AttributeError, IndexError, TypeError):
+        pass  # no TF_CONFIG (Horovod), or one MWMS will reject itself
+    hosts.append(env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", ""))
+    out = []
+    for h in hosts:
+        try:
+            out.append(str(ipaddress.IPv4Address(h)))
+        except ValueError:
+            continue
+    return out
+
+
+def _route_source(target: str) -> str | None:
+    """The address the kernel would send from towards ``target`` (a UDP connect only chooses the route; nothing
+    is sent), or None when there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))
+            found = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if found == "0.0.0.0" else found
+
+
+def _holds(address: str) -> bool:
+    """Whether ``address`` is one of this host's own (binding to it succeeds only then)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+    except OSError:
+        return False
+    return True
 
 
 def network(iface: str | None, everyone: list[Mapping[str, Any]]) -> dict[str, Any]:

@@ -4,6 +4,8 @@
   probes every peer's port; a peer whose port stops answering (killed, OOM, crashed host) is named and this rank
   exits with ``EXIT_PEER_LOST`` instead of hanging in the next collective. No training step is involved, so it
   costs nothing in the timed loop. It also ends a rank whose steps have stopped progressing (``stall_timeout``).
+  Peers are probed at addresses, never names (``netif.reach_address``), and a peer that never answered is a set-up
+  error (``EXIT_USAGE``): its heartbeat was open before the addresses were exchanged, so it was never reachable.
 - ``Preemption``: SIGTERM / SIGUSR1 (Slurm ``--signal``, ``scancel``, requeue) set a flag; every
   ``check_every`` steps all ranks agree (one tiny collective) on whether anyone was signalled, so they all stop
   after the same step, write one checkpoint and exit with ``EXIT_PREEMPTED``.
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, exit_now  # noqa: F401 - codes re-exported
+from common.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_USAGE, exit_now  # noqa: F401 - codes re-exported
 
 PEER_TIMEOUT = 20.0  # s without an answer before a peer is declared lost: well under 60 s, far above a TCP connect
 STALL_TIMEOUT = 900.0  # s without a finished step: longer than any sane step incl. first-step tracing/XLA compile
@@ -77,12 +79,16 @@ class Watchdog:
         self._stop.set()
 
     def _probe(self, peer: dict[str, Any]) -> bool:
+        return self._reach(peer) is None
+
+    def _reach(self, peer: dict[str, Any]) -> str | None:
+        """None when ``peer``'s heartbeat port answers, else why not (the socket error, one line)."""
         try:
-            # "address": netif.reach_address, the data network's address when --iface chose one
+            # "address": netif.reach_address, an address (never a name) on the data network when --iface chose one
             with socket.create_connection((peer["address"], peer["port"]), timeout=min(5.0, self.peer_timeout)):
-                return True
-        except OSError:
-            return False
+                return None
+        except OSError as e:
+            return f"{type(e).__name__}: {e.strerror or e}"
 
     def lost_peers(self, grace: float = 0.0) -> list[dict[str, Any]]:
         """The peers that do not answer (twice, a second apart), probing every half second for up to ``grace``
@@ -105,11 +111,14 @@ class Watchdog:
     def _run(self) -> None:
         last_ok = {p["rank"]: time.monotonic() for p in self.peers}
         misses = {p["rank"]: 0 for p in self.peers}
+        answered: set[int] = set()  # peers that answered once: only those can be lost
         while not self._stop.wait(PROBE_INTERVAL):
             now = time.monotonic()
             for p in self.peers:
-                if self._probe(p):
+                why = self._reach(p)
+                if why is None:
                     last_ok[p["rank"]], misses[p["rank"]] = now, 0
+                    answered.add(p["rank"])
                     continue
                 misses[p["rank"]] += 1
                 # A refused connection means the process is gone: 2 misses in a row suffice. A silent host
@@ -117,15 +126,27 @@ class Watchdog:
                 if misses[p["rank"]] >= 2 and (now - last_ok[p["rank"]] >= self.peer_timeout or misses[p["rank"]] >= 3):
                     if self._stop.is_set():
                         return
-                    self._exit(EXIT_PEER_LOST,
-                               f"lost rank {p['rank']} (host {p['host']}, pid {p['pid']}): it no longer answers; "
-                               f"stopping rank {self.rank} instead of waiting in a collective forever")
+                    if p["rank"] not in answered:
+                        self._exit(EXIT_USAGE, unreachable(self.rank, p, why))
+                    else:
+                        self._exit(EXIT_PEER_LOST,
+                                   f"lost rank {p['rank']} (host {p['host']}, pid {p['pid']}): it no longer answers; "
+                                   f"stopping rank {self.rank} instead of waiting in a collective forever")
                     return
             if self.stall_timeout > 0 and now - self.last_progress > self.stall_timeout:
                 self._exit(EXIT_PEER_LOST,
                            f"no progress for {self.stall_timeout:.0f} s after {self.what} (a hung collective?); "
                            f"stopping rank {self.rank}")
                 return
+
+
+def unreachable(rank: int, peer: dict[str, Any], why: str) -> str:
+    """The set-up error of a peer that never answered: every rank published its heartbeat before the watchdogs
+    started, so an address that fails from the first probe is one this rank cannot use, not a peer that died."""
+    return (f"set-up: rank {rank} cannot reach rank {peer['rank']} (host {peer['host']}, pid {peer['pid']}) at "
+            f"{peer['address']} port {peer['port']}, the address it published ({why}); the ranks' addresses are not "
+            "reachable from one another: give --iface (or TWINBENCH_IFACE) the network interface the nodes share, "
+            "and let the heartbeat ports through any firewall between them")
 
 
 COLLECTIVE_MODULES = ("tensorflow", "horovod", "grpc")  # where the errors of a failed collective are defined
