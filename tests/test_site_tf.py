@@ -123,7 +123,8 @@ def test_unknown_tf_mode_is_exit_2():
     proc = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], cwd=REPO,
                           env={**base_env(), "TWINBENCH_TF": "2.99"}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == '[setup] TWINBENCH_TF must be 2.21 (default), 2.18 (fallback), 2.17 (the NGC 25.02 stand-in) or site, not "2.99"'
+    assert proc.stderr.strip() == ('[setup] TWINBENCH_TF must be 2.21 (default), 2.18 (fallback), 2.17 (the NGC 25.02 '
+                                   'stand-in) or site, not "2.99"')
 
 
 def test_build_marker_records_the_site_tensorflow(tmp_path, monkeypatch):
