@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
-from common.core import buildinfo, registry
+from common.core import buildinfo, registry, tfquiet
 
 ENV_PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "PMIX_", "PMI_", "HOROVOD_", "NCCL_", "TF_CONFIG", "CUDA_VISIBLE")
 
@@ -24,7 +24,7 @@ def _tensorflow(out: dict[str, Any]) -> str | None:
     """TensorFlow's version (None when it does not import), with Keras and GPUs, into ``out``."""
     pins = buildinfo.pins_for(None)  # the default set-up's pins (requirements.txt) until TF says which apply
     try:
-        import tensorflow as tf
+        tf = tfquiet.import_tensorflow()  # without the GPU probe's lines on a machine with no GPU
     except Exception as e:  # noqa: BLE001 - report any import failure
         out["tensorflow"] = None
         out["tensorflow_error"] = str(e)
@@ -84,7 +84,7 @@ def stack_facts() -> dict[str, Any]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     facts: dict[str, Any] = {"python": sys.version.split()[0], "tf_keras": buildinfo._installed("tf-keras")}
     try:
-        import tensorflow as tf
+        tf = tfquiet.import_tensorflow()
 
         facts["tensorflow"] = tf.__version__
     except Exception as e:  # noqa: BLE001 - any import failure is the fact
