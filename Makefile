@@ -28,7 +28,8 @@ NOGLOO_VENV := .venv-nogloo
 # a stack twinbench did not install (TWINBENCH_STACK=as-is: the doctor must pass) for both backends at 2 ranks.
 NGC_VENV := .venv-tf2.17
 NGC_PY := $(NGC_VENV)/bin/python
-NGC_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers
+NGC_TESTS := tests/test_parity.py::test_native_vs_horovod_two_workers \
+	tests/test_keras3.py::test_keras3_native_vs_horovod_two_workers
 
 .PHONY: setup demo test test-fallback test-nogloo test-ngc lint doctor gpu-check clean
 

@@ -65,7 +65,12 @@ def learning_rate_setter(job: Job, optimizer: Any) -> Callable[[float], None]:
 
 def _is_keras3(obj: Any) -> bool:
     keras = sys.modules.get("keras")  # not imported: nothing can be a Keras 3 object
-    return keras is not None and isinstance(obj, keras.Variable)
+    if keras is None:
+        return False
+    # Keras 3.3 (NGC 25.02's) exports keras.Variable as a shim (keras/src/backend/exports.py) that its variables are
+    # not instances of; their base there is keras.src.backend.common.variables.KerasVariable (later: Variable)
+    base = getattr(sys.modules.get("keras.src.backend.common.variables"), "KerasVariable", keras.Variable)
+    return isinstance(obj, (keras.Variable, base))
 
 
 def tf_variables(variables: list[Any]) -> list[Any]:
