@@ -25,9 +25,15 @@ TF_VERSION=$(sed -n 's/^tensorflow==\([0-9.]*\).*/\1/p' requirements.txt)
 TFK_VERSION=$(sed -n 's/^tf-keras==\([0-9.]*\).*/\1/p' requirements.txt)
 [ -x "$VPY" ] || { log "no $VPY: run make setup first (it builds the Horovod wheel the image gets)"; exit 2; }
 pytag=$("$VPY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-# the CPU build the set-up made for this TensorFlow and Python (a -gpu or -site build is another stack)
-wheeldir=$(ls -d "$CACHE"/horovod-*-tf"$TF_VERSION"-"$pytag"-p* 2>/dev/null | grep -v -e '-gpu$' -e '-site' -e '\.tmp$' \
-  | head -n 1 || true)
+# the CPU build the set-up made for this TensorFlow and Python and installed in the venv (its build marker names it;
+# an older cached build of other patches, a -gpu, -site or -nogloo build is another stack)
+build_id=$("$VPY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["build_id"])' \
+  "$(dirname "$(dirname "$VPY")")/twinbench-build.json" 2>/dev/null || true)
+case "$build_id" in
+  horovod-*-tf"$TF_VERSION"-"$pytag"-p*) ;;
+  *) build_id="" ;;
+esac
+wheeldir=${build_id:+$CACHE/$build_id}
 whl=$(ls "$wheeldir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 [ -n "$whl" ] || { log "no Horovod wheel for TensorFlow $TF_VERSION ($pytag) in $CACHE: run make setup first"; exit 2; }
 img="$CACHE/images/stack-$SUITE-tf$TF_VERSION-$(basename "$wheeldir")"
