@@ -70,7 +70,7 @@ def _is_keras3(obj: Any) -> bool:
     # Keras 3.3 (NGC 25.02's) exports keras.Variable as a shim (keras/src/backend/exports.py) that its variables are
     # not instances of; their base there is keras.src.backend.common.variables.KerasVariable (later: Variable)
     base = getattr(sys.modules.get("keras.src.backend.common.variables"), "KerasVariable", keras.Variable)
-    return isinstance(obj, (keras.Variable, base))
+    return isinstance(obj, keras.Variable | base)
 
 
 def tf_variables(variables: list[Any]) -> list[Any]:
