@@ -3,7 +3,8 @@ taken as the job's optimizer, learning rate, loss and metrics (common/training/c
 a job key says otherwise or when it cannot be carried over exactly; and a model function without arguments.
 
 One process: the pure-Python checks first, then the ones that build models (TensorFlow in process, no run started).
-The runs of a compiled job on both backends are in tests/test_compiled_parity.py; the refusals through the real
+The runs of a compiled job on both backends: the tutorial example's common.check (tests/test_tfdata.py: every pair
+agrees, every record holds what was compiled); the refusals through the real
 command line in tests/test_usercode.py (BAD_CASES).
 """
 

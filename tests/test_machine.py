@@ -139,8 +139,9 @@ def one_rank_run(device: str) -> tuple[Job, Any, Any]:
         name="native", num_workers=1, is_chief=True, allgather=lambda x: [x],
         info=types.SimpleNamespace(local_rank=0, local_size=1, cpus=(0,), cpu_bind="none", device=device),
         describe=lambda: {}, capabilities=lambda: Capabilities(Collective("auto", "n/a", "one process")))
-    built = types.SimpleNamespace(model=types.SimpleNamespace(weights=[], trainable_weights=[],
-                                                              trainable_variables=[]))
+    from common.training import train
+
+    built = train.Built(types.SimpleNamespace(weights=[], trainable_weights=[], trainable_variables=[]), None, None)
     return job, backend, built
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from common.core import tfquiet
 from common.workload import argcheck, tfdata, usercode
-from common.workload.job import load_job
+from common.workload.job import job_from_dict, load_job
 from tests.conftest import REPO, backend_cmd, first_divergence, only_result, run, user_job
 
 TUTORIAL_JOB = REPO / "examples" / "tutorial_job.toml"
@@ -205,7 +205,12 @@ def test_check_passes_on_the_tutorial_example(tmp_path, restore_sys_path):
     assert "pairs agree to 1e-05" in proc.stdout, proc.stdout
     records = [json.loads(f.read_text()) for f in tmp_path.glob("*/*.json")]
     assert len(records) == 8, [r.get("backend") for r in records]
-    for rec in records:  # the tutorial's compiled optimizer, not twinbench's default (0.01)
-        assert rec["compiled"]["learning_rate"] == pytest.approx(0.001), rec["compiled"]
-        assert rec["compiled"]["optimizer"]["compiled_class"].endswith("SGD"), rec["compiled"]
+    for rec in records:  # what the tutorial compiled, not twinbench's defaults (momentum, learning_rate 0.01)
+        compiled = rec["compiled"]
+        assert rec["learning_rate"] == compiled["learning_rate"] == pytest.approx(0.001), compiled
+        assert compiled["optimizer"]["class"].endswith("optimizers.legacy.gradient_descent.SGD"), compiled
+        assert compiled["optimizer"]["compiled_class"] == "tf_keras.src.optimizers.sgd.SGD"
+        assert compiled["optimizer"]["config"]["momentum"] == 0 and compiled["schedule"] is None
+        assert (compiled["loss"], compiled["metrics"]) == ("sparse_categorical_crossentropy", ["accuracy"])
+        assert job_from_dict(rec["job"]).job_hash == rec["job_hash"]  # the job's identity is the file's, as loaded
 
