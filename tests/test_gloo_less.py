@@ -82,8 +82,9 @@ def test_check_passes_with_the_gloo_builds_losses(tmp_path: Path):
                           cwd=REPO, env=env_auto(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0] == f"[check] {AUTO_LINE}"
-    records = [json.loads(p.read_text()) for p in res.rglob("*.json") if not p.name.startswith(".")]
+    records = [json.loads(p.read_text()) for p in res.glob("*/*.json") if not p.name.startswith(".")]  # the runs
     mpi = next(r for r in records if r["backend"] == "horovod" and r["world_size"] == 2)  # ctl only: one
+    assert json.loads((res / "check.json").read_text())["status"] == 0  # and the check's own verdict beside them
     assert mpi["backend_info"]["controller"] == "mpi"
     # the same run on the default build, under its own launch there (horovodrun --gloo)
     printed = subprocess.run([GLOO_BUILD_PY, "-m", "backends", "command", "horovod", "2", "--job", SMOKE,
