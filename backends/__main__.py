@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from common import launches
 from common.cluster import container
 from common.core import registry
 from common.core.errors import UsageError
@@ -42,17 +43,11 @@ def main(argv: list[str]) -> int:
 def launch_env() -> int:
     try:
         box = container.parse()
-        lines, said = [], []
-        for name in registry.names():
-            resolve = getattr(registry.load(name), "launch_env", None)  # only backends whose launch has a choice
-            if resolve is not None:
-                env, line = resolve(box.python if box else sys.executable)
-                lines += [f"{k}={v}" for k, v in env.items()]
-                said.append(line)
+        env, said = launches.resolve(registry.names(), box.python if box else sys.executable)
     except (container.ContainerError, UsageError) as e:
         print(f"backends: error: {e}", file=sys.stderr)
         return 2
-    print("\n".join(lines))
+    print("\n".join(f"{k}={v}" for k, v in env.items()))
     print("\n".join(said), file=sys.stderr)
     return 0
 
