@@ -73,6 +73,21 @@ def test_checker_finds_common_importing_backends():
     assert cs.backend_by_name(ast.parse(by_name), "bench/clock.py") == []
 
 
+def test_checker_finds_an_objective_outside_its_home():
+    """Only common/training/objective.py builds a Keras loss or scales one to the global batch (in backends/ and
+    common/); the benchmarks and the tests may write their own."""
+    src = ("loss = tf.keras.losses.SparseCategoricalCrossentropy()\n"
+           "x = tf.nn.compute_average_loss(per_example, global_batch_size=8)\n"
+           "r = tf.nn.scale_regularization_loss(model.losses)\n"
+           "y = tf.nn.relu(x)\n")
+    found = cs.objective_outside_home(ast.parse(src), "backends/x.py")
+    assert sorted(f.split(": ")[0] for f in found) == ["backends/x.py:1", "backends/x.py:2", "backends/x.py:3"], found
+    assert all(f.endswith(": the objective lives in common/training/objective.py") for f in found)
+    assert cs.objective_outside_home(ast.parse(src), "common/training/loops.py")  # common/ outside the home too
+    for home_or_free in (cs.OBJECTIVE_HOME, "bench/plain_loops.py", "tests/test_x.py"):
+        assert cs.objective_outside_home(ast.parse(src), home_or_free) == []
+
+
 def _uses_slurm_fixture(fn: ast.FunctionDef) -> bool:
     """A test taking the session fixture ``cluster`` (not a parametrize argument of that name)."""
     params = {a.arg for a in fn.args.args}
