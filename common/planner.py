@@ -35,7 +35,7 @@ from typing import NoReturn
 
 from common import cli
 from common.core.errors import fail as _fail
-from common.core.records import AllreduceRecord
+from common.core.results import AllreduceRecord
 from common.core.text import text_table
 from common.diagnostics import scaling
 from common.report.base import ReportError

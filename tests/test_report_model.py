@@ -84,7 +84,7 @@ def test_incomplete_allreduce_json_is_skipped(tmp_path: Path, bad, capsys):
 def test_the_report_reads_the_typed_capabilities_and_only_displays_backend_info(tmp_path) -> None:
     """A record with ``capabilities`` is labelled and modelled from it alone, whatever its backend_info says (free
     provenance); an older file without the block still reads as before (tests/test_strategies.py, test_knobs.py)."""
-    from common.core.records import AllreduceRecord
+    from common.core.results import AllreduceRecord
     from common.report.model import allreduce_part
     from common.report.render import markdown
     from common.report.rows import row_label

@@ -160,7 +160,7 @@ def test_older_schemas_are_upgraded_by_their_version_and_others_refused():
 
 
 def test_allreduce_record_keeps_the_writers_json():
-    from common.core.records import AllreduceRecord
+    from common.core.results import AllreduceRecord
 
     rec = AllreduceRecord(backend="native", world_size=2, num_workers=2, rows=[{"bytes": 4, "time_median": 1e-5}],
                           run_id="r", collective={"used": "ring"})

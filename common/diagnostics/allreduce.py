@@ -16,7 +16,7 @@ from common.cluster import machine
 from common.core import results as res
 from common.core.contract import Backend
 from common.core.privacy import public
-from common.core.records import AllreduceRecord
+from common.core.results import AllreduceRecord
 from common.diagnostics import p2p
 from common.training import observe
 from common.training.runconfig import BenchOptions

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from common.core.records import AllreduceRecord
-from common.core.results import BreakdownRecord, write_atomic
+from common.core.results import AllreduceRecord, BreakdownRecord, write_atomic
 from common.report import render
 from common.report.base import ReportError, warn
 from common.report.baseline import Baseline, baseline_part, compare

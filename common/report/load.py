@@ -1,9 +1,9 @@
 """Loading and selection: the results directories read as one set, each JSON file as its record type (training runs
 as ``LoadedRun``: common.core.results.RunRecord plus the file it came from; allreduce benchmarks and breakdowns as
-common.core.records.AllreduceRecord and common.core.results.BreakdownRecord), the jobs to report (refusing to
-compare different jobs, naming the job fields that differ), and the software versions that make a comparison
-suspect. Older files are upgraded to their type's current schema as they are read (common.core.records), so nothing
-past this module asks what a file lacks."""
+common.core.results.AllreduceRecord and BreakdownRecord), the jobs to report (refusing to compare different jobs,
+naming the job fields that differ), and the software versions that make a comparison suspect. Older files are
+upgraded to their type's current schema as they are read (common.core.results' upgrade_* steps), so nothing past
+this module asks what a file lacks."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from common.core.records import AllreduceRecord
-from common.core.results import BreakdownRecord, RecordError, RunRecord
+from common.core.results import AllreduceRecord, BreakdownRecord, RecordError, RunRecord
 from common.report.base import MISSING, MixedVersionsError, ReportError, fmt_value, warn
 from common.report.rows import JobSummary, LoadedRun
 from common.report.stats import num

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from common.core import registry
-from common.core.records import AllreduceRecord
-from common.core.results import BREAKDOWN_PHASES, BreakdownRecord
+from common.core.results import BREAKDOWN_PHASES, AllreduceRecord, BreakdownRecord
 from common.diagnostics import scaling
 from common.report.base import NA, fmt_num
 from common.report.document import Block, Box, Bullets, Heading, Images, Para, table

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.core import registry
-from common.core.records import AllreduceRecord
+from common.core.results import AllreduceRecord
 from common.report import document as doc
 from common.report.base import NA, md_escape, md_unescape
 from common.report.machines import subtitle
