@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from common.workload import argcheck, usercode, usermodel
+from common.workload import argcheck, usercode
 from common.workload.job import Job, given_keys, load_job
 from tests.conftest import user_job
 
@@ -88,10 +88,10 @@ def test_model_inputs_passed_only_to_functions_with_positional_parameters():
     def both(input_shape, num_classes): ...
     def one(input_shape): ...
     def star(*args): ...
-    assert [usermodel.takes_model_inputs(f) for f in (none, kw_only, both, one, star)] == [False, False, True, True,
+    assert [usercode.takes_model_inputs(f) for f in (none, kw_only, both, one, star)] == [False, False, True, True,
                                                                                          True]
-    assert not usermodel.takes_model_inputs(one, {"input_shape": 3})  # its one positional given by model_args
-    assert usermodel.takes_model_inputs(both, {"num_classes": 3})  # as today: refused ("already passed")
+    assert not usercode.takes_model_inputs(one, {"input_shape": 3})  # its one positional given by model_args
+    assert usercode.takes_model_inputs(both, {"num_classes": 3})  # as today: refused ("already passed")
 
 
 def test_argcheck_reads_a_function_without_arguments_as_called_without_them(tmp_path):

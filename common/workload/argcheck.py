@@ -10,7 +10,7 @@ what the call twinbench makes would refuse:
 - a keyword the function has no parameter for (unless it takes ``**kwargs``: then it accepts anything);
 - a parameter without a default that nothing gives;
 - fewer positional parameters than twinbench passes (``input_shape, num_classes`` to a model with positional
-  parameters besides model_args', nothing to one without: ``usermodel.takes_model_inputs``; ``input_context`` to an
+  parameters besides model_args', nothing to one without: ``usercode.takes_model_inputs``; ``input_context`` to an
   input function, ``learning_rate`` to an optimizer, ``learning_rate, decay_steps`` to a schedule, ``y_true,
   y_pred`` to a loss), unless it takes ``*args``.
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.workload import inputfn, usercode, usermodel
+from common.workload import inputfn, usercode
 from common.workload.job import JobError
 
 # What twinbench passes positionally to each kind of user function, before the job's keyword arguments
@@ -183,7 +183,7 @@ def problems(job: Any) -> list[str]:
             passed, supplied = (inputfn.PARAM,), frozenset({inputfn.GLOBAL_BATCH})
         elif kind == "dataset":  # a batch-size parameter the job does not give gets the global batch
             supplied = frozenset(usercode.BATCH_PARAMS)
-        if kind == "model" and not usermodel.model_inputs_rule(params.positional, params.var_args, job.model_args):
+        if kind == "model" and not usercode.model_inputs_rule(params.positional, params.var_args, job.model_args):
             passed = ()  # a model function without positional parameters is called with model_args only
         args_key = ARGS_KEY.get(kind)
         problem = call_problem(key, ref, params, passed, args_key, getattr(job, args_key) if args_key else {},

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from common.core.errors import UsageError, one_line
-from common.workload import usercode, usermodel
+from common.workload import usercode
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -121,12 +121,12 @@ def build_model(job: ModelJob, input_shape: tuple[int, ...], num_classes: int | 
 
     job.weight_decay > 0 puts an L2(weight_decay) regularizer on every Conv/Dense kernel (``model.losses``).
     Raises ModelError (one line) for an unknown model name or an input shape the model cannot take. A user model
-    (``model = "package.module:function"``) is built by ``common.workload.usermodel.build_model`` (UserCodeError).
+    (``model = "package.module:function"``) is built by ``common.workload.usercode.build_model`` (UserCodeError).
     """
     tf = _tf()
     input_shape = tuple(int(d) for d in input_shape)
     if usercode.is_ref(job.model):  # the user's own: twinbench adds nothing but the float32 output cast
-        return usermodel.build_model(tf, job, input_shape, num_classes)
+        return usercode.build_model(tf, job, input_shape, num_classes)
     if num_classes is None:
         raise ModelError(f"model {job.model!r} is a classifier: its labels are not integers, so set num_classes (or "
                          "use a model of your own, model = \"package.module:function\")")
