@@ -1,4 +1,4 @@
-"""Multi-output models (common/training/outputs.py, the job keys in common/workload/lossspec.py): the keys and their
+"""Multi-output models (common/training/outputs.py, the job keys in common/workload/job.py): the keys and their
 hashes, each bad input as one line naming the key (exit 2, nothing written), one user loss over the structures equal
 to the same math given per output, fit = custom loop on one worker, and at 2 workers native = Horovod for
 examples/stream_heads_job.toml (fit and custom loop) and for a Keras 3 model fed by an input function.

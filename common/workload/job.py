@@ -25,7 +25,7 @@ else:  # Python 3.10: the same parser, as the PyPI package tomli (requirements.t
     import tomli as tomllib
 
 from common.core.privacy import public
-from common.workload import lossspec, usercode
+from common.workload import usercode
 from common.workload.datasets import DATASETS
 from common.workload.models import MODELS
 
@@ -244,8 +244,7 @@ def _validate(job: Job) -> None:
     _validate_execution(job, need)
     _validate_keras(job, need)
     _validate_evaluation(job, need)
-    outputs_problem = lossspec.problem(job, DEFAULT_LOSS)
-    need(outputs_problem is None, outputs_problem or "")
+    _validate_outputs(job, need)
     if not user_data and DATASETS[job.dataset].needs_data_dir:
         need(bool(job.data_dir), f"dataset {job.dataset!r} needs data_dir (nothing is downloaded); "
              f"set it in the job file or with --set data_dir=PATH")
@@ -291,6 +290,42 @@ def _validate_evaluation(job: Job, need: Any) -> None:
     need(job.target_metric in ("", "loss", *job.metrics),
          f"target_metric = {job.target_metric!r}: use \"loss\" or one of metrics ({', '.join(job.metrics) or 'none'})")
     need(math.isfinite(job.target_value), f"target_value must be a finite number, got {job.target_value}")
+
+
+def _validate_outputs(job: Job, need: Any) -> None:
+    """A model with several outputs: ``loss_per_output``, a table output name -> loss (each a ``tf.keras.losses``
+    name or ``"package.module:function"``, a per-example loss of that output), and ``loss_weights``, a table output
+    name -> number (only with ``loss_per_output``; an output it does not name weighs 1.0, Keras' default). The model
+    returns a dict of outputs with exactly those names and the labels are a dict with the same keys; the per-example
+    objective is the weighted sum of the outputs' per-example losses, what Keras ``compile(loss=dict,
+    loss_weights=dict)`` minimises (built in ``common.training.outputs``). ``loss = "package.module:function"`` is
+    the other way to train such a model (one function taking the label and output structures): the two exclude
+    each other."""
+    per, weights = job.loss_per_output, job.loss_weights
+    need(not weights or bool(per), "loss_weights applies to loss_per_output (a loss per output): set "
+         "loss_per_output too")
+    if not per:
+        return
+    need(job.loss == DEFAULT_LOSS, f"loss = {job.loss!r} and loss_per_output: give one of them (loss_per_output: a "
+         "loss per output; loss = \"package.module:function\": one loss over all outputs)")
+    for name, value in per.items():
+        key = f"loss_per_output[{name!r}]"
+        is_name = isinstance(value, str) and bool(value) and value.replace("_", "").isalnum()  # checked by Keras later
+        need(isinstance(value, str) and (is_name or usercode.is_ref(value)), f"{key} = {value!r}: use a "
+             "tf.keras.losses name (such as \"mse\") or \"package.module:function\"")
+        reason = usercode.check_ref(key, value) if usercode.is_ref(value) else None
+        need(reason is None, reason or "")
+    for name, w in weights.items():
+        need(name in per, f"loss_weights[{name!r}]: no such output in loss_per_output ({', '.join(sorted(per))})")
+        need(not isinstance(w, bool) and isinstance(w, int | float) and math.isfinite(w) and w >= 0,
+             f"loss_weights[{name!r}] must be a number >= 0, got {w!r}")
+    need(not job.metrics, f"metrics = {list(job.metrics)} with loss_per_output: metrics are computed for "
+         "single-output models only (the validation loss is always computed; target_metric = \"loss\" works)")
+
+
+def loss_weights_of(job: Job) -> dict[str, float]:
+    """Every output of ``loss_per_output`` with its weight: ``loss_weights``' where given, else 1.0."""
+    return {name: float(job.loss_weights.get(name, 1.0)) for name in sorted(job.loss_per_output)}
 
 
 def _validate_keras(job: Job, need: Any) -> None:

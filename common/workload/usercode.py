@@ -63,7 +63,7 @@ def check_ref(key: str, value: str) -> str | None:
 def refs(job: Any) -> dict[str, str]:
     """The job keys that name user code, and their references."""
     found = {key: getattr(job, key) for key in KEYS if is_ref(getattr(job, key))}
-    for name, value in sorted(getattr(job, "loss_per_output", {}).items()):  # common/workload/lossspec.py
+    for name, value in sorted(getattr(job, "loss_per_output", {}).items()):  # checked in common/workload/job.py
         if isinstance(value, str) and is_ref(value):
             found[f"loss_per_output[{name!r}]"] = value
     return found
