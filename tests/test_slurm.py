@@ -197,11 +197,14 @@ def test_sbatch_scripts_differ_only_in_the_launch():
     """Identical resources and environment: everything before the launch section is the same text."""
     nat = (REPO / "jobs" / "slurm" / "native.sbatch").read_text().split("# -- launch")
     hvd = (REPO / "jobs" / "slurm" / "horovod.sbatch").read_text().split("# -- launch")
-    assert len(nat) == len(hvd) == 2 and nat[0] == hvd[0]
+    assert len(nat) == len(hvd) == 2
+    assert nat[0] == hvd[0]
     hint = '${TB_SRUN_HINT[@]+"${TB_SRUN_HINT[@]}"}'
-    ct = '${TB_CT_SRUN[@]+"${TB_CT_SRUN[@]}"} \\\n  ${TB_CT_PREFIX[@]+"${TB_CT_PREFIX[@]}"} "$TB_PY"'  # a container
-    assert f'tb_run srun {hint} {ct} -m backends.native --port-base' in nat[1]
-    assert f'srun --mpi="$TWINBENCH_SRUN_MPI" {hint} {ct.replace("  ", "    ")} -m backends.horovod' in hvd[1]
+    # one container per task (TWINBENCH_CONTAINER: srun's own options, then the runtime's prefix), else none
+    container = '${TB_CT_SRUN[@]+"${TB_CT_SRUN[@]}"} \\\n  ${TB_CT_PREFIX[@]+"${TB_CT_PREFIX[@]}"} "$TB_PY"'
+    assert f'tb_run srun {hint} {container} -m backends.native --port-base' in nat[1]
+    assert f'tb_run srun --mpi="$TWINBENCH_SRUN_MPI" {hint} {container.replace("  ", "    ")} -m backends.horovod' \
+        in hvd[1]
     assert 'horovodrun -np "$SLURM_NTASKS" -H "$(tb_hvd_hosts)"' in hvd[1]
     for script in ("native.sbatch", "horovod.sbatch", "env.sh"):
         subprocess.run(["bash", "-n", str(REPO / "jobs" / "slurm" / script)], check=True)
