@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import math
 import time
-import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from common.core.contract import Warmup
+from common.core.contract import Backend, Warmup
 from common.training import inputwait, keras3, outputs
 from common.training import reliability as rel
 from common.training.context import RunContext
-from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss
+from common.training.objective import fit_objective, lr_schedule, mean_over_ranks
 from common.training.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS
-from common.training.step import ReplicaStep, make_step, optimizer_reduces
+from common.training.step import ReplicaStep, make_step
+from common.workload.job import Job
 
 
 @dataclass
@@ -67,6 +68,7 @@ class StepHooks:
     excluded: float = 0.0  # seconds of evaluation so far: subtracted from every later clock mark
     t0: float = 0.0  # perf_counter at start_clock: evaluations' wall_time counts from here, evaluations included
     energy: Any = None  # common.cluster.energy.EnergyMeter on a GPU with an energy counter: read at the timed marks
+    least_warm: int = 0  # untimed first steps a probe needs at least (the breakdown: 1, for its first gap)
 
     def __post_init__(self) -> None:
         from common.training import observe
@@ -94,7 +96,7 @@ class StepHooks:
         """Untimed first steps of this run: at least one step is always timed. Profiled steps are never timed: the
         timed window starts after the last of them."""
         traced = self.trace.end if self.trace is not None else 0
-        return min(max(self.ctx.job.warmup_interval, traced), max(self.run_steps - 1, 0))
+        return min(max(self.ctx.job.warmup_interval, traced, self.least_warm), max(self.run_steps - 1, 0))
 
     @property
     def check_every(self) -> int:
@@ -216,35 +218,107 @@ class StepHooks:
 
 
 class LossRing:
-    """Each step's loss written on the device into a ring of ``size`` slots; the host reads a block per sync.
+    """What each step wrote on the device (its loss, one per local replica; a probe's timestamps too), in a ring of
+    ``size`` rows; the host reads the block of rows since its last sync at the next one.
 
-    ``size`` >= the steps between two syncs (``sync_every``), so no slot is overwritten before it is read. One row
-    per local replica: the host averages them in float64 (``mean_over_ranks``).
+    ``size`` >= the steps between two syncs (``sync_every``), so no row is overwritten before it is read. The one
+    ring of every loop: ``read`` gives each step's loss as the mean over its row (``mean_over_ranks``, in float64);
+    ``rows`` gives the rows as written (``common.diagnostics.breakdown``).
     """
 
-    def __init__(self, size: int, local_replicas: int) -> None:
+    def __init__(self, size: int, columns: int, dtype: Any = None) -> None:
         import tensorflow as tf
 
         self.size = size
         # Not a model attribute (Keras would track and checkpoint it): held by the loops only.
-        self.values = tf.Variable(tf.zeros([size, local_replicas], tf.float32), trainable=False,
+        self.values = tf.Variable(tf.zeros([size, columns], dtype or tf.float32), trainable=False,
                                   name="twinbench_step_losses")
 
-    def write(self, step: Any, per_replica: list[Any]) -> Any:
-        """In the step function: store this step's losses (one per local replica) at slot ``step % size``."""
+    def write(self, step: Any, row: Any) -> Any:
+        """In the step function: store this step's row (a list of scalars: one loss per local replica; or a vector)
+        at ``step % size``."""
         import tensorflow as tf
 
-        row = tf.stack([tf.cast(v, tf.float32) for v in per_replica])
+        dtype = self.values.dtype
+        row = tf.stack([tf.cast(v, dtype) for v in row]) if isinstance(row, list | tuple) else tf.cast(row, dtype)
         slot = tf.cast(step % self.size, tf.int32)
         return self.values.scatter_nd_update([[slot]], [row])
 
+    def rows(self, first: int, stop: int) -> list[list[float]]:
+        """The rows of run steps [first, stop) as written; waits for those steps."""
+        block = self.values.numpy()  # the one host <-> device sync of this block
+        return [[float(v) for v in block[i % self.size]] for i in range(first, stop)]
+
     def read(self, first: int, stop: int) -> list[float]:
         """Losses of run steps [first, stop), each the mean over local replicas; waits for those steps."""
-        block = self.values.numpy()  # the one host <-> device sync of this block
-        return [mean_over_ranks([float(v) for v in block[i % self.size]]) for i in range(first, stop)]
+        return [mean_over_ranks(row) for row in self.rows(first, stop)]
+
+
+class StepProbe(Protocol):
+    """A diagnostic around the custom loop's one step (``common.diagnostics.breakdown``): what its step function
+    writes per step instead of the losses alone, how the host reads the losses back, and what it measured."""
+
+    columns: int  # values the step writes per step (its ring's row)
+    dtype: Any  # of those values (tf.float64 for timestamps)
+    least_warm: int  # untimed first steps it needs at least
+
+    def device_step(self, fetch: Callable[[], Any], one: ReplicaStep, backend: Any) -> Any:
+        """In the step's tf.function: fetch the batch, run the step on the backend, return the ring's row."""
+
+    def losses(self, rows: list[list[float]]) -> list[float]:
+        """Each step's loss from the rows just read (and keep what else they hold)."""
 
 
 # -- Keras fit ----------------------------------------------------------------------------------------------
+@dataclass
+class FitParts:
+    """What fit's step needs besides the Keras model, made with it (``fit_model``) and given to its constructor: not
+    attributes Keras would track. The loss ring and the input clock are the run's, given by ``run_fit``."""
+
+    reduce_fn: Callable[[list[Any]], list[Any]]  # the backend's reduce_gradients: fit reduces as the custom loop does
+    replicas: int  # the plan's: the objective's share of the global batch
+    local_replicas: int  # tf.distribute replicas in this process
+    optimizer_reduces: bool  # the backend's Capabilities.optimizer_reduces
+    xla: bool  # the forward pass jit-compiled (the collective-free part, as in the custom loop)
+    structure_loss: Any = None  # one per-example loss over a multi-output model's structures (outputs.structure_loss)
+    ring: LossRing | None = None
+    clock: Any = None  # common.training.inputwait.InputClock
+    forward: Any = None  # the jit-compiled forward pass, made at the first trace
+
+    def step(self, model: Any) -> ReplicaStep:
+        """The one step (``common.training.step``) with fit's objective (``objective.fit_objective``), in the
+        replica context of ``train_step``."""
+        import tensorflow as tf
+
+        in_sync = tf.distribute.get_strategy().num_replicas_in_sync
+        # Keras divides the loss by the replicas tf.distribute knows; the objective divides by the rest (Horovod's).
+        outside = 1 if self.optimizer_reduces else self.replicas // in_sync
+        if self.xla and self.forward is None:
+            # Not compile(jit_compile=True): that compiles the whole step, collectives included, which XLA cannot do
+            # on CPU (MWMS) and Horovod only with its optional XLA ops.
+            self.forward = tf.function(lambda x: model(x, training=True), jit_compile=True)
+        forward = self.forward or (lambda x: model(x, training=True))
+        mixed = isinstance(model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+        return ReplicaStep(fit_objective(model, forward, outside, self.structure_loss), model.trainable_variables,
+                           model.optimizer, self.reduce_fn, outside * in_sync, mixed=mixed,
+                           optimizer_reduces=self.optimizer_reduces)
+
+
+def fit_model(job: Job, backend: Backend, inner: Any, optimizer: Any) -> Any:
+    """The model ``fit`` trains: the job's model as a ``TwinModel`` with its ``FitParts``, compiled."""
+    multi = outputs.is_multi(inner)
+    parts = FitParts(backend.reduce_gradients, backend.num_replicas, backend.info.replicas_per_worker,
+                     backend.capabilities().optimizer_reduces, bool(job.xla), outputs.structure_loss(job, inner))
+    model = twin_model_class()(inputs=inner.inputs, outputs=inner.output if multi else inner.outputs,
+                               name=inner.name, parts=parts)
+    # tf_keras' default ("auto" = "sum" under MWMS) all-reduces every returned log across workers each step, on top
+    # of the metrics' own sync, and so shows N x the loss. "first" keeps the synced metric values as they are and
+    # adds no collective that Horovod runs do not have.
+    model.distribute_reduction_method = "first"
+    model.compile(optimizer=optimizer, **outputs.compile_loss(job, model), steps_per_execution=job.steps_per_execution)
+    return model
+
+
 def _fit_callback_classes() -> Any:
     import tensorflow as tf
 
@@ -288,74 +362,43 @@ def twin_model_class() -> Any:
     import tensorflow as tf
 
     class TwinModel(tf.keras.Model):
-        """Keras' own train step, its optimizer's ``minimize`` split as the custom loop's step is
-        (``common.training.step``: this replica's gradients, the backend's one reduction, apply without reducing
-        again), plus ``step_loss``: this replica's mean loss of this step (not a running mean), written into the
-        ``LossRing`` (the host reads it at the next sync) and returned in the logs."""
+        """Keras' model whose ``train_step`` is the one step (``common.training.step``: this replica's gradients of
+        the compiled loss, the backend's one reduction, apply without reducing again), plus ``step_loss``: this
+        replica's mean loss of this step (not a running mean), written into the ``LossRing`` (the host reads it at
+        the next sync) and returned in the logs."""
 
-        local_replicas = 1
-        xla_forward = None  # a holder (not tracked by Keras) whose .fn is the jit-compiled forward pass, or None
-        loss_ring: Any = None  # a holder (not tracked by Keras) whose .ring is the LossRing
-        input_clock: Any = None  # a holder (not tracked by Keras) whose .clock is the inputwait.InputClock
-        structure_loss: Any = None  # a holder (not tracked by Keras): one loss over a multi-output model's structures
-        reduction: Any = None  # a holder (not tracked by Keras): .reduce_fn (the backend's), .replicas (the plan's)
-
-        def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None) -> Any:
-            if self.structure_loss is None:
-                return super().compute_loss(x, y, y_pred, sample_weight)
-            return outputs.fit_structure_loss(self, y, y_pred)  # Keras would apply it to each output apart
+        def __init__(self, *args: Any, parts: FitParts, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.parts = parts  # a plain object: Keras neither tracks nor checkpoints it
 
         def train_step(self, data: Any) -> dict[str, Any]:
-            clock = self.input_clock.clock if self.input_clock is not None else None
+            parts = self.parts
+            clock = parts.clock
             if clock is not None:  # Keras fetched ``data`` before this call: the time since the last step ended
                 self._on_first_replica(lambda: clock.batch_ready(data, self._train_counter))
             x, y = data
-            in_sync = tf.distribute.get_strategy().num_replicas_in_sync
-            one = ReplicaStep(None, self.trainable_variables, self.optimizer, self.reduction.reduce_fn, in_sync,
-                              mixed=isinstance(self.optimizer, tf.keras.mixed_precision.LossScaleOptimizer))
-            with tf.GradientTape() as tape:
-                y_pred = self.xla_forward.fn(x) if self.xla_forward is not None else self(x, training=True)
-                loss = self.compute_loss(x, y, y_pred, None)
-                # Keras divides the loss by the replicas tf.distribute knows (none of Horovod's): the rest of the
-                # global batch's share here, so that the SUM reduction gives the global mean (replicas / in_sync
-                # is 1 under MWMS; a worker of parameter-server training updates alone, its optimizer reducing)
-                outside = 1 if optimizer_reduces() else self.reduction.replicas // in_sync
-                share = loss / outside if outside > 1 else loss
-                target = self.optimizer.get_scaled_loss(share) if one.mixed else share
-            grads = tape.gradient(target, self.trainable_variables)
-            if one.mixed:
-                grads = self.optimizer.get_unscaled_gradients(grads)
-            update = one.apply(one.reduce(list(grads)))
-            logs = self.compute_metrics(x, y, y_pred, None)
-            # Under a strategy Keras divided this replica's loss by the replica count; undo it for the record.
-            step_loss = recorded_loss(loss, tf.cast(in_sync, loss.dtype))
-            if self.local_replicas > 1:
+            trained = parts.step(self).train(x, y)
+            logs = self.compute_metrics(x, y, trained.outputs, None)
+            step_loss = trained.loss
+            if parts.local_replicas > 1:
                 # Keras returns only the first local replica's value; average them (in-process) first.
                 step_loss = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, step_loss)
             logs["step_loss"] = step_loss
-            if self.loss_ring is not None:
-                self._record(step_loss)
+            if parts.ring is not None:
+                # Keras' own step counter of this fit call (0 at the first step): the run step this loss belongs to
+                self._on_first_replica(lambda: parts.ring.write(self._train_counter, [step_loss]))
             if clock is not None:
-                self._on_first_replica(lambda: clock.step_done([t for t in (update, step_loss) if t is not None]))
+                self._on_first_replica(lambda: clock.step_done([t for t in (trained.update, step_loss)
+                                                                if t is not None]))
             return logs
 
         def _on_first_replica(self, fn: Any) -> Any:
-            # every local replica would measure (nearly) the same time: the first one records it
-            if self.local_replicas == 1:
+            # every local replica would measure (nearly) the same time, and holds the same averaged loss: the first
+            # one records it
+            if self.parts.local_replicas == 1:
                 return fn()
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            return tf.cond(tf.equal(replica % self.local_replicas, 0), lambda: tf.group(fn()), tf.no_op)
-
-        def _record(self, step_loss: Any) -> None:
-            # Keras' own step counter of this fit call (0 at the first step): the run step this loss belongs to.
-            step = self._train_counter
-            if self.local_replicas == 1:
-                self.loss_ring.ring.write(step, [step_loss])
-                return
-            # every local replica holds the same (averaged) value: the first one writes it
-            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            tf.cond(tf.equal(replica % self.local_replicas, 0),
-                    lambda: tf.group(self.loss_ring.ring.write(step, [step_loss])), tf.no_op)
+            return tf.cond(tf.equal(replica % self.parts.local_replicas, 0), lambda: tf.group(fn()), tf.no_op)
 
     return TwinModel
 
@@ -373,10 +416,8 @@ def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
     if (job.warmup_epochs or scheduled) and not warmup_handled:
         callbacks.append(WarmupLR(hooks, lr_schedule(job, plan.learning_rate, plan.steps_per_epoch, plan.total_steps,
                                                      plan.replicas)))
-    ring = LossRing(job.sync_interval, 1)
-    model.loss_ring = types.SimpleNamespace(ring=ring)
-    hooks.input_clock = clock = inputwait.InputClock("gap", hooks.warm)
-    model.input_clock = types.SimpleNamespace(clock=clock)
+    model.parts.ring = ring = LossRing(job.sync_interval, 1)
+    hooks.input_clock = model.parts.clock = inputwait.InputClock("gap", hooks.warm)
     callbacks.append(StepRecorder(hooks, ring))
     hooks.start_clock()
     model.fit(dataset, epochs=math.ceil(hooks.run_steps / plan.steps_per_epoch),
@@ -384,22 +425,39 @@ def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
 
 
 # -- custom loop --------------------------------------------------------------------------------------------
-def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks) -> None:
-    """The custom loop: one tf.function step per global step, the host reading the device only at syncs."""
+def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks,
+            probe: StepProbe | None = None) -> None:
+    """The custom loop: one tf.function step per global step, the host reading the device only at syncs. A
+    ``probe`` (``--diagnose breakdown``) writes its own row per step around the same step."""
     import tensorflow as tf
 
     job, backend, plan = ctx.job, ctx.backend, ctx.plan
-    step_fn = make_step(ctx, model, optimizer).run  # forward, loss, local gradients, the backend's SUM, apply
+    one = make_step(ctx, model, optimizer)  # forward, loss, local gradients, the backend's SUM, apply
     iterator = iter(dataset)
-    ring = LossRing(job.sync_interval, backend.info.replicas_per_worker)
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_run_step")
-    hooks.input_clock = clock = inputwait.InputClock("fetch", hooks.warm)
+    if probe is None:
+        ring = LossRing(job.sync_interval, backend.info.replicas_per_worker)
+        hooks.input_clock = clock = inputwait.InputClock("fetch", hooks.warm)
+
+        def row() -> Any:  # timed on the device: how long the batch took
+            return backend.run_step(one.run, clock.fetch(lambda: next(iterator), counter))
+
+        def losses(first: int, stop: int) -> list[float]:
+            return ring.read(first, stop)
+    else:
+        ring = LossRing(job.sync_interval, probe.columns, probe.dtype)
+        hooks.input_clock = inputwait.NotMeasured(PROBE_INPUT)
+
+        def row() -> Any:
+            return probe.device_step(lambda: next(iterator), one, backend)
+
+        def losses(first: int, stop: int) -> list[float]:
+            return probe.losses(ring.rows(first, stop))
 
     @tf.function
     def train_step() -> Any:
         # The iterator is captured, not passed: a (distributed) iterator argument costs a structure check per call.
-        batch = clock.fetch(lambda: next(iterator), counter)  # timed on the device: how long the batch took
-        written = ring.write(counter, backend.run_step(step_fn, batch))
+        written = ring.write(counter, row())
         with tf.control_dependencies([written]):
             return counter.assign_add(1)
 
@@ -415,5 +473,9 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
             backend.after_first_step(model, optimizer)
         if not hooks.step_ended(hooks.dispatched + 1):
             continue
-        if hooks.sync(ring.read(hooks.synced, hooks.dispatched)):  # progress lines: StepHooks.sync
+        if hooks.sync(losses(hooks.synced, hooks.dispatched)):  # progress lines: StepHooks.sync
             break
+
+
+# Why a probed run's record has no input wait of the loop's: the probe times the input phase itself.
+PROBE_INPUT = "a diagnostic probe times the input phase itself (its own record)"
