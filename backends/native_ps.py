@@ -26,7 +26,7 @@ from common.training.step import make_step
 
 if TYPE_CHECKING:
     from common.training.context import RunContext
-    from common.training.loops import StepHooks
+    from common.training.hostsync import StepHooks
 
 # Why the record's ``input`` is not measured here.
 INPUT_NOT_MEASURED = ("parameter-server training: each worker fetches its own batches, asynchronously, in steps "

@@ -38,7 +38,7 @@ class _Remote:
 def test_parameter_server_chief_joins_where_every_loop_syncs(steps, warm, every, joins):
     """The chief joins its workers where every loop syncs (StepHooks: after the first step, at the warm-up's end,
     every sync_every_steps, after the last), after a global step's worker steps (2 workers) are all scheduled."""
-    from common.training.loops import StepHooks
+    from common.training.hostsync import StepHooks
     from common.training.reliability import Preemption
     from common.training.runconfig import RunOptions
     from tests.test_clock import FakeBackend, run_context

@@ -46,7 +46,7 @@ from common.workload.data import DataFacts
 from common.workload.job import Job
 
 if TYPE_CHECKING:
-    from common.training.loops import StepHooks
+    from common.training.hostsync import StepHooks
     from common.training.step import ReplicaStep
     from common.training.train import Built, Gathered
 

@@ -1,220 +1,27 @@
-"""The two training loops, Keras ``fit`` and a custom ``tf.function`` loop, and what runs around every step.
+"""The two training loops, Keras ``fit`` and a custom ``tf.function`` loop (with a probe: ``--diagnose breakdown``).
 
-Both take the job's objective and LR schedule from ``common.training.objective`` (the loss-scaling rules that make both
-backends compute the same math). Per-step losses are recorded locally (no extra collective inside the timed loop)
-and averaged across ranks once at the end: every replica has the same batch size, so the mean of replica means is
-the global mean.
+Both run the one step (``common.training.step``: the tape, the loss scaling, the backend's one reduction) with the
+job's objective and LR schedule from ``common.training.objective`` (the loss-scaling rules that make both backends
+compute the same math), and hand the host's side to ``common.training.hostsync.StepHooks`` (when the host syncs, and
+what it does there). Per-step losses are written on the device into the one ``LossRing``, read at syncs (no extra
+collective inside the timed loop) and averaged across ranks once at the end: every replica has the same batch size,
+so the mean of replica means is the global mean.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from common.core.contract import Backend, Warmup
 from common.training import inputwait, keras3, outputs
-from common.training import reliability as rel
 from common.training.context import RunContext
+from common.training.hostsync import StepHooks
 from common.training.objective import fit_objective, lr_schedule, mean_over_ranks
-from common.training.runconfig import PREEMPT_CHECK_SECONDS, PREEMPT_CHECK_STEPS
 from common.training.step import ReplicaStep, make_step
 from common.workload.job import Job
-
-
-@dataclass
-class StepHooks:
-    """What happens between the training steps in both modes: host syncs, clock marks, watchdog, preemption.
-
-    The loops hand steps to the runtime without waiting for them; the host waits for the device only at a *sync*
-    (reading the block of losses the device accumulated since the last one, ``LossRing``). Each sync records a
-    clock mark (steps done in this run, ``perf_counter``), so wall time between marks includes everything: the
-    steps, input waits, the harness' own work between steps and this agreement. Syncs happen after the first
-    step (time to first step), at the end of the untimed warm-up, at every multiple of ``sync_every`` steps and
-    at the last step; the preemption agreement rides on one of these (or on syncs ``--preempt-check-steps`` adds).
-
-    The agreement is a collective (1-4 ms on this CPU, more than a millisecond step). By default it runs at a sync
-    that happens anyway, about once every PREEMPT_CHECK_SECONDS: each agreement also sums the ranks' recent step
-    times, from which every rank derives the same next interval in steps.
-
-    Validation (``evaluator``, common.training.evaluate) is not training: a sync is forced where one is due, the
-    evaluation runs right after that sync's mark, and its duration is added to ``excluded``, which every later mark
-    subtracts (``now``): the marks are a training clock, evaluation removed exactly, and each window's wall time
-    everything else. ``evaluations`` get their ``wall_time`` on the real clock (since ``start_clock``).
-
-    The run's fixed facts (backend, options, schedule, sizes) are read from ``ctx``; the fields are this run's own
-    and what changes while it runs.
-    """
-
-    ctx: RunContext
-    start_step: int  # global steps already done (a resumed run)
-    preemption: rel.Preemption
-    watchdog: rel.Watchdog | None
-    dispatched: int = 0  # steps of this run handed to the runtime so far
-    marks: list[tuple[int, float]] = field(default_factory=list)  # (steps done in this run, perf_counter)
-    losses: list[float] = field(default_factory=list)  # this rank's loss of every step of this run
-    first_step_done: float | None = None
-    stopped_at: int | None = None
-    input_clock: Any = None  # common.training.inputwait: the loop's input-wait clock (read once, after the loop)
-    _last_check: int = 0  # steps done at the last agreement
-    _last_check_time: float = 0.0
-    _check_every: int = 0  # steps between agreements (0 until the clock starts)
-    trace: Any = None  # common.training.observe.Trace under --profile-steps
-    progress: Any = None  # common.training.observe.Progress on a verbose chief
-    evaluator: Any = None  # common.training.evaluate.Evaluator when the job has validation data
-    evaluations: list[dict[str, Any]] = field(default_factory=list)  # this run's, in order (evaluate.Evaluator.run)
-    excluded: float = 0.0  # seconds of evaluation so far: subtracted from every later clock mark
-    t0: float = 0.0  # perf_counter at start_clock: evaluations' wall_time counts from here, evaluations included
-    energy: Any = None  # common.cluster.energy.EnergyMeter on a GPU with an energy counter: read at the timed marks
-    least_warm: int = 0  # untimed first steps a probe needs at least (the breakdown: 1, for its first gap)
-
-    def __post_init__(self) -> None:
-        from common.training import observe
-
-        opts, plan = self.ctx.opts, self.ctx.plan
-        if self.ctx.verbose and opts.progress_seconds > 0:
-            self.progress = observe.Progress(opts.progress_seconds, plan.global_batch, plan.total_steps,
-                                             self.start_step)
-        if opts.profile_steps is not None and opts.results_dir:
-            # a collective (the run id): every rank builds its hooks at the same point, before the first step
-            self.trace = observe.Trace.create(self.ctx.backend, opts.results_dir, self.ctx.label, opts.profile_steps,
-                                              self.start_step)
-
-    @property
-    def global_step(self) -> int:
-        """0-based index of the next step to hand to the runtime."""
-        return self.start_step + self.dispatched
-
-    @property
-    def run_steps(self) -> int:
-        return self.ctx.plan.total_steps - self.start_step
-
-    @property
-    def warm(self) -> int:
-        """Untimed first steps of this run: at least one step is always timed. Profiled steps are never timed: the
-        timed window starts after the last of them."""
-        traced = self.trace.end if self.trace is not None else 0
-        return min(max(self.ctx.job.warmup_interval, traced, self.least_warm), max(self.run_steps - 1, 0))
-
-    @property
-    def check_every(self) -> int:
-        """Steps between two preemption agreements (identical on every rank)."""
-        return self._check_every
-
-    def _next_check_every(self, seconds_per_step: float) -> int:
-        """About PREEMPT_CHECK_SECONDS of steps, in whole sync intervals (so the agreement rides on a sync)."""
-        every = self.ctx.job.sync_interval
-        if self.ctx.opts.preempt_check_steps:
-            return self.ctx.opts.preempt_check_steps
-        if not seconds_per_step > 0:
-            return max(every, PREEMPT_CHECK_STEPS)
-        syncs = math.ceil(PREEMPT_CHECK_SECONDS / seconds_per_step / every)
-        return max(syncs, 1) * every
-
-    @property
-    def synced(self) -> int:
-        """Steps of this run whose losses the host has read."""
-        return self.marks[-1][0] if self.marks else 0
-
-    def start_clock(self) -> None:
-        """Right before the first step is handed over: the mark the first window (and time to first step) starts."""
-        if self.trace is not None:
-            self.trace.update(0)  # --profile-steps 1:B: the trace covers the first step too
-        self.t0 = time.perf_counter()
-        self.marks.append((0, self.now()))
-        if self.energy is not None:
-            self.energy.at_mark(0, self.warm, self.run_steps)
-        self._last_check_time = self.marks[0][1]
-        # until the first agreement measures the step time: every PREEMPT_CHECK_STEPS steps, at syncs
-        self._check_every = self.ctx.opts.preempt_check_steps or max(self.ctx.job.sync_interval,
-                                                                      PREEMPT_CHECK_STEPS)
-
-    def now(self) -> float:
-        """The training clock: perf_counter without the evaluations so far."""
-        return time.perf_counter() - self.excluded
-
-    def step_ended(self, dispatched: int) -> bool:
-        """After each execution is handed over, in both modes: ``dispatched`` steps of this run so far; True when
-        the host must sync now (``sync_due``). Anything done here is between two steps, inside the timed window."""
-        self.dispatched = dispatched
-        return self.sync_due()
-
-    def sync_due(self) -> bool:
-        """Must the host wait for the device now (after ``dispatched`` steps)? Same answer on every rank."""
-        d, last, every, opts = self.dispatched, self.synced, self.ctx.job.sync_interval, self.ctx.opts
-
-        def crossed(step: int) -> bool:
-            return last < step <= d
-
-        # an explicit --preempt-check-steps may ask for agreements between the regular syncs
-        asked = opts.preempt_check_steps and d - self._last_check >= opts.preempt_check_steps
-        return bool(last == 0 or d >= self.run_steps or d % every == 0 or crossed(self.warm) or asked
-                    or (self.trace is not None and self.trace.due(last, d))
-                    or (self.evaluator is not None and self.evaluator.due(self.global_step)))
-
-    def sync(self, losses: list[float]) -> bool:
-        """Record a block just read (the read waited for its steps); True when training must stop now."""
-        if self.trace is not None:
-            self.trace.update(self.dispatched)  # before the mark: starting or writing a trace is never timed
-        self.marks.append((self.dispatched, self.now()))
-        if self.energy is not None:  # after the mark: a read at the warm-up's end is inside the window, once
-            self.energy.at_mark(self.dispatched, self.warm, self.run_steps)
-        self.losses.extend(losses)
-        if len(self.losses) != self.dispatched:
-            raise RuntimeError(f"loss block out of step: {len(self.losses)} losses for {self.dispatched} steps")
-        done = self.global_step
-        if self.first_step_done is None:
-            self.first_step_done = time.time()
-            if self.ctx.verbose:
-                since = self.first_step_done - self.ctx.opts.t_process_start
-                print(f"[twinbench] first step done {since:.1f} s after process start", flush=True)
-        if self.watchdog is not None:
-            self.watchdog.progress(f"step {done}")
-        if self.progress is not None:
-            line = self.progress.at_sync(self.dispatched, self.marks[-1][1], self.losses[-1] if losses else None)
-            if line:
-                print(line, flush=True)
-        if self.evaluator is not None and self.evaluator.due(done):
-            self.evaluate()
-        if self.dispatched >= self.run_steps:
-            return True
-        if self.dispatched - self._last_check >= self.check_every:
-            return self._agree()
-        return False
-
-    def evaluate(self) -> None:
-        """Evaluate now (right after a sync's mark) and take its duration off the training clock."""
-        ping = (lambda: self.watchdog.progress("evaluation")) if self.watchdog is not None else None
-        start = time.perf_counter()
-        result = self.evaluator.run(self.global_step, ping)
-        end = time.perf_counter()
-        self.excluded += end - start
-        self.evaluations.append({**result, "seconds": end - start, "wall_time": end - self.t0})
-        restart = getattr(self.input_clock, "restart_gap", None)
-        if restart is not None:
-            restart()  # fit's input gap: the evaluation ran between two steps, and is no input wait
-
-    def _agree(self) -> bool:
-        """The preemption agreement: True (and ``stopped_at`` set) when any rank got SIGTERM/SIGUSR1."""
-        now = self.marks[-1][1]
-        per_step = (now - self._last_check_time) / max(self.dispatched - self._last_check, 1)
-        # Every rank agrees at the same steps, so all stop after the same step even if only some got the signal.
-        # After this rank's mark: its cost is in the next window's wall time like any other work of the harness.
-        backend = self.ctx.backend
-        flags, seconds = backend.allsum([1.0 if self.preemption.signalled is not None else 0.0, per_step])
-        self._last_check, self._last_check_time = self.dispatched, now
-        self._check_every = self._next_check_every(seconds / backend.num_workers)  # same sum on every rank
-        if flags > 0:
-            self.stopped_at = self.global_step
-            return True
-        return False
-
-    def clock_marks(self) -> list[list[float]]:
-        """The marks as [steps done in this run, seconds since the first mark] (JSON, comparable across ranks)."""
-        t0 = self.marks[0][1] if self.marks else 0.0
-        return [[d, t - t0] for d, t in self.marks]
 
 
 class LossRing:

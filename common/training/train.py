@@ -31,7 +31,7 @@ from common.training import compiled as compiled_mod
 from common.training import evaluate, inputwait, keras3, loops, objective, observe, outputs, streamed
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
-from common.training.loops import StepHooks
+from common.training.hostsync import StepHooks
 from common.training.optimizers import build_optimizer  # bench/ imports it from here too
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
