@@ -5,7 +5,8 @@
 each (backend, workers) configuration once in A and once in B, back to back, one run at a time; which of the two goes
 first alternates from one configuration to the next and from one round to the next (A B B A A B ...), and the
 configurations' order is reversed every other round, as scripts/demo.sh does, so that a drift of the machine hits
-both checkouts alike. Backends default to every one both checkouts register (``python -m backends names``).
+both checkouts alike. Backends default to every one both checkouts register (``python -m backends names``). A and B
+may be the same checkout: that A/A comparison shows the spread of B/A when nothing changed.
 
 Each run is launched as scripts/demo.sh launches it, from inside its checkout with that checkout's code: cwd and
 PYTHONPATH the checkout, its ``.venv/bin/python`` (else this Python) with its ``bin`` first on PATH, the variables of
@@ -156,7 +157,8 @@ def summarize(results: Results) -> list[str]:
         every += rs
         if rs:
             medians.append(statistics.median(rs))
-            parts.append(f"B/A {statistics.median(rs):.3f} (min {min(rs):.3f}, max {max(rs):.3f}, {len(rs)} rounds)")
+            parts.append(f"B/A {statistics.median(rs):.3f} (min {min(rs):.3f}, max {max(rs):.3f}, {len(rs)} "
+                         f"round{'s' if len(rs) > 1 else ''})")
         else:
             parts.append("B/A: no round with both sides")
         lines.append(f"{cfg}: " + "; ".join(parts))
