@@ -27,7 +27,7 @@ def run_main(prog: str, t0: float, parser: Callable[[], argparse.ArgumentParser]
     args = parser().parse_args(argv)
     cli.legacy_keras()
     cli.unset_proxies()
-    job, run_opts = cli.prepare(prog, args, t0)
+    job, run_opts, facts = cli.prepare(prog, args, t0)
     try:
         backend = make_backend(args, argv, job)
         if isinstance(backend, int):  # a launcher ran the ranks (or this task served them) and is done
@@ -39,5 +39,5 @@ def run_main(prog: str, t0: float, parser: Callable[[], argparse.ArgumentParser]
     # A user dataset function runs here, after set-up: one returning a tf.data.Dataset starts TensorFlow's runtime,
     # whose threads the backend has sized by now (and its batch-size parameter needs the world size).
     if run_opts.bench is None:
-        cli.load_user_data(prog, job, backend.num_replicas, backend.is_chief and run_opts.verbose)
-    return runner.run_to_exit(prog, backend, job, run_opts)
+        facts = cli.load_user_data(prog, job, backend.num_replicas, backend.is_chief and run_opts.verbose) or facts
+    return runner.run_to_exit(prog, backend, job, run_opts, facts)

@@ -172,7 +172,8 @@ class NativeBackend(Backend):
         return Capabilities(
             collective=self._collective, input_path=self._input_path(), knobs=knobs,
             variant=None if o.strategy == "mwms" else o.strategy,  # mwms keeps the plain checkpoint name
-            asynchronous=self._coordinated)  # workers update the variables without waiting for each other
+            asynchronous=self._coordinated,  # workers update the variables without waiting for each other
+            optimizer_reduces=o.strategy in ("parameter_server", "central_storage"))
 
     def train_loop(self) -> TrainLoop | None:
         if not self._coordinated:

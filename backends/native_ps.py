@@ -8,9 +8,9 @@ every parity claim; compare their throughput and final loss only):
   waiting for the other workers;
 - each worker step returns its loss (a RemoteValue); the loss of a global step is the mean of its W worker steps'
   losses, in scheduling order;
-- the chief waits for the workers (``coordinator.join``) only at syncs: after the first global step, at the end
-  of the timing warm-up, every ``sync_every_steps`` global steps and after the last one. Losses are read and the
-  clock marks taken there, so step times are means over a sync window.
+- the chief waits for the workers (``coordinator.join``) only at syncs, where every loop syncs (``StepHooks``: after
+  the first global step, at the end of the timing warm-up, every ``sync_every_steps`` global steps and after the
+  last one). Losses are read and the clock marks taken there, so step times are means over a sync window.
 Each worker gets its own slots of every global batch (``NativeBackend.make_dataset``): the samples are those of
 the synchronous runs, though a fast worker may run ahead of a slow one.
 """
@@ -26,47 +26,41 @@ from common.training.step import make_step
 
 if TYPE_CHECKING:
     from common.training.context import RunContext
-    from common.training.loops import StepHooks
+    from common.training.hostsync import StepHooks
 
 # Why the record's ``input`` is not measured here.
 INPUT_NOT_MEASURED = ("parameter-server training: each worker fetches its own batches, asynchronously, in steps "
                       "the chief only schedules; their waits are not measured")
 
 
-def sync_points(run_steps: int, warm: int, every: int) -> list[int]:
-    """Steps of this run after which the chief joins: the first, the end of the ``warm`` untimed steps, every
-    multiple of ``every``, the last."""
-    points = {1, run_steps, warm, *range(every, run_steps, every)}
-    return sorted(p for p in points if 0 < p <= run_steps)
-
-
 class _Syncs:
-    """Worker steps scheduled since the last sync; at each sync point: join, read their losses, record them in
-    the ``StepHooks`` (the global steps done so far as its ``dispatched``, then its ``sync``)."""
+    """Worker steps scheduled since the last sync; after each global step's ``fan`` of them, the ``StepHooks`` say
+    whether the host syncs now (where every loop syncs: ``StepHooks.sync_due``); at a sync: join, read their losses,
+    record them (``StepHooks.sync``)."""
 
-    def __init__(self, coordinator: Any, hooks: StepHooks, fan: int, points: list[int], read: Callable[[Any], float],
+    def __init__(self, coordinator: Any, hooks: StepHooks, fan: int, read: Callable[[Any], float],
                  progress: Callable[[int, float], None] | None) -> None:
-        self.coordinator, self.hooks, self.fan, self.points = coordinator, hooks, fan, points
+        self.coordinator, self.hooks, self.fan = coordinator, hooks, fan
         self.read, self.progress = read, progress
         self.pending: list[Any] = []  # RemoteValues of the worker steps scheduled since the last sync
-        self.done = 0  # steps of this run recorded
 
     def add(self, remote: Any) -> bool:
         """One more worker step scheduled; True when the loop must stop (all done, or a stop agreed at a sync)."""
         self.pending.append(remote)
-        steps = self.points[0] - self.done
-        if len(self.pending) < steps * self.fan:
+        if len(self.pending) % self.fan:
+            return False
+        steps = len(self.pending) // self.fan
+        # The chief hands steps over only here: a global step is dispatched once its worker steps are scheduled.
+        if not self.hooks.step_ended(self.hooks.synced + steps):
             return False
         self.coordinator.join()  # every scheduled worker step has run (raises the first step error, if any)
         values = [self.read(v.fetch()) for v in self.pending]
         losses = [mean_over_ranks(values[i * self.fan:(i + 1) * self.fan]) for i in range(steps)]
-        self.done, self.pending = self.points.pop(0), []
-        # The chief hands steps over only at these points: all of them were dispatched once they are joined.
-        self.hooks.dispatched = self.done
+        self.pending = []
         stop = self.hooks.sync(losses)
         if self.progress is not None:
-            self.progress(self.done, losses[-1])
-        return stop or not self.points
+            self.progress(self.hooks.synced, losses[-1])
+        return stop
 
 
 def _worker_step(ctx: RunContext, strategy: Any, model: Any, optimizer: Any, worker_batch: int, replicas: int) -> Any:
@@ -148,11 +142,10 @@ def run_ps(ctx: RunContext, model: Any, optimizer: Any, dataset_fn: Callable[[An
         def progress(done: int, loss: float) -> None:
             print(f"step {hooks.start_step + done}/{plan.total_steps} loss {loss:.5f}", flush=True)
 
-    points = sync_points(run_steps, hooks.warm, job.sync_every_steps)
     if job.mode == "fit":
-        syncs = _Syncs(coordinator, hooks, fan, points, lambda logs: float(logs["step_loss"]), progress)
+        syncs = _Syncs(coordinator, hooks, fan, lambda logs: float(logs["step_loss"]), progress)
         _run_fit(model, dataset_fn, run_steps * fan, hooks, syncs)
     else:
-        syncs = _Syncs(coordinator, hooks, fan, points, float, progress)
+        syncs = _Syncs(coordinator, hooks, fan, float, progress)
         step = _worker_step(ctx, strategy, model, optimizer, worker_batch, local)
         _run_ctl(strategy, coordinator, step, dataset_fn, hooks, syncs)

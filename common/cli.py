@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from common.cluster import netif
 from common.cluster.placement import CPU_BIND
@@ -17,6 +17,9 @@ from common.core.errors import UsageError, fail
 from common.training import reliability as rel
 from common.training.runconfig import PREEMPT_CHECK_STEPS, PROGRESS_SECONDS, BenchOptions, RunOptions
 from common.workload.job import Job, JobError, load_job
+
+if TYPE_CHECKING:
+    from common.workload.data import DataFacts
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JOB = REPO / "jobs" / "smoke.toml"
@@ -155,19 +158,21 @@ def _check_numbers(prog: str, args: argparse.Namespace) -> None:
         fail(prog, f"--preempt-check-steps must be >= 1, got {args.preempt_check_steps}")
 
 
-def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOptions]:
-    """Everything that can be checked before TensorFlow starts: job, data files, results dir, flags."""
+def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOptions, DataFacts | None]:
+    """Everything that can be checked before TensorFlow starts: job, data files, results dir, flags; and the data's
+    facts when they can be had before it (``early_facts``: the run's plan carries them)."""
     from common.core import results as res
     from common.workload import data as data_mod
     from common.workload import usercode
 
+    facts = None
     try:
         job = load_job(args.job, args.sets)
         usercode.check_functions(job)  # the user's modules import and hold their functions
         if not data_mod.streams(job):  # an input function is called only in the ranks
-            info = early_info(job)  # None: a user dataset read in the ranks, once TensorFlow is configured
-            if info is not None:
-                job.resolve_steps(info[0], 1)  # cheapest check that the data fills at least one batch
+            facts = early_facts(job)  # None: a user dataset read in the ranks, once TensorFlow is configured
+            if facts is not None:
+                job.resolve_steps(facts.samples, 1)  # cheapest check that the data fills at least one batch
         if args.results:
             res.check_results_dir(args.results)
     except (JobError, data_mod.DataError, usercode.UserCodeError, OSError) as e:
@@ -194,31 +199,31 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
         resume_from=args.resume_from, bench=bench, iface=iface, diagnose=args.diagnose,
         profile_steps=profile_steps, progress_seconds=args.progress_every,
     )
-    return job, opts
+    return job, opts, facts
 
 
-def early_info(job: Job) -> tuple[int, tuple[int, ...], int | None] | None:
-    """``dataset_info`` when it can be had before the backend configures TensorFlow: a builtin dataset's headers,
-    or a user function's arrays (called in a throwaway graph: ``usercode.load_before_tf``). None for a user
-    function that needs the ranks (a batch-size parameter, a ``tf.data.Dataset`` returned): ``load_user_data``."""
+def early_facts(job: Job) -> DataFacts | None:
+    """The data's facts when they can be had before the backend configures TensorFlow: a builtin dataset's headers,
+    or a user function's arrays (called in a throwaway graph: ``usercode.load_before_tf``). None for a user function
+    that needs the ranks (a batch-size parameter, a ``tf.data.Dataset`` returned): ``load_user_data``."""
     from common.workload import data as data_mod
     from common.workload import usercode
 
     if not usercode.is_ref(job.dataset):
-        return data_mod.dataset_info(job)
+        return data_mod.facts(job)
     data = usercode.load_before_tf(job)
-    return None if data is None else (len(data.x), data.input_shape, data.num_classes)
+    return None if data is None else data_mod.DataFacts(len(data.x), data.input_shape, data.num_classes)
 
 
-def load_user_data(prog: str, job: Job, replicas: int, chief_speaks: bool) -> None:
+def load_user_data(prog: str, job: Job, replicas: int, chief_speaks: bool) -> DataFacts | None:
     """In a rank, once the backend has configured TensorFlow: the user dataset function's data for this world size
     (its batch-size parameter gets the global batch), checked (one line and exit 2), and what twinbench did to it
-    said once, by the chief."""
+    said once, by the chief; its facts (None: not a user dataset function)."""
     from common.workload import data as data_mod
     from common.workload import usercode
 
     if not usercode.is_ref(job.dataset) or data_mod.streams(job):
-        return
+        return None
     usercode.set_replicas(replicas)
     try:
         data = usercode.load_data(job)
@@ -233,6 +238,7 @@ def load_user_data(prog: str, job: Job, replicas: int, chief_speaks: bool) -> No
         print(f"[twinbench] dataset: {data.call}{given}: {did}; twinbench shuffles them with the job's seed "
               f"{job.seed}, batches and shards them exactly (the function ran with TensorFlow's global seed set to "
               "it)", flush=True)
+    return data_mod.DataFacts(len(data.x), data.input_shape, data.num_classes)
 
 
 def unset_proxies() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from common.core.contract import Backend
 from common.core.errors import (
@@ -25,11 +25,15 @@ from common.core.errors import (
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
 
+if TYPE_CHECKING:
+    from common.workload.data import DataFacts
+
 EXIT_FAILED = 1  # what an uncaught exception gives a Python process: launchers and sbatch scripts read it as failed
 
 
-def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> NoReturn:
-    """Train (or benchmark, or diagnose) on a set-up backend, then end the process with 0, 2, 3 or 75."""
+def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions, facts: DataFacts | None = None) -> NoReturn:
+    """Train (or benchmark, or diagnose) on a set-up backend, then end the process with 0, 2, 3 or 75. ``facts``: the
+    training data's, as ``common.cli`` worked them out (None: the plan works them out)."""
     from common.training.train import train
 
     if opts.bench is not None:
@@ -44,9 +48,9 @@ def run_to_exit(prog: str, backend: Backend, job: Job, opts: RunOptions) -> NoRe
         if opts.diagnose == "breakdown":
             from common.diagnostics.breakdown import run_breakdown
 
-            run_breakdown(job, backend, opts)  # a diagnostic run: its own record, never a benchmark's
+            run_breakdown(job, backend, opts, facts)  # a diagnostic run: its own record, never a benchmark's
         else:
-            train(job, backend, opts)
+            train(job, backend, opts, facts)
     except UsageError as e:
         fail(prog, str(e))
     except Preempted as e:

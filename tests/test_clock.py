@@ -1,11 +1,11 @@
-"""The step clock and host-sync schedule of ``common.training.loops.StepHooks``, driven by a fake clock (no
+"""The step clock and host-sync schedule of ``common.training.hostsync.StepHooks``, driven by a fake clock (no
 TensorFlow)."""
 
 from __future__ import annotations
 
 import pytest
 
-from common.training import loops
+from common.training import hostsync
 from common.training.context import Plan, RunContext
 from common.training.reliability import Preemption
 from common.training.runconfig import RunOptions
@@ -21,7 +21,7 @@ class FakeBackend:
     def __init__(self, num_workers: int = 2) -> None:
         self.num_workers = num_workers
         self.agreements: list[int] = []
-        self.hooks: loops.StepHooks | None = None
+        self.hooks: hostsync.StepHooks | None = None
 
     def allsum(self, values: list[float]) -> list[float]:
         assert self.hooks is not None
@@ -47,16 +47,16 @@ class FakeClock:
 
 def drive(monkeypatch: pytest.MonkeyPatch, steps: int, step_s: float, *, sync_every: int = 25, warm: int = 2,
           check: int = 0, pause_after: dict[int, float] | None = None, start: int = 0, signal_at: int = 0,
-          preemption: Preemption | None = None) -> tuple[loops.StepHooks, FakeBackend]:
+          preemption: Preemption | None = None) -> tuple[hostsync.StepHooks, FakeBackend]:
     """Run fake steps of ``step_s`` each (the device time elapses before the sync that reads them) until the
     job's ``steps`` are done or the hooks stop training; ``start``: global steps done before (a resumed run)."""
     clock = FakeClock()
-    monkeypatch.setattr(loops.time, "perf_counter", clock)
+    monkeypatch.setattr(hostsync.time, "perf_counter", clock)
     backend = FakeBackend()
     opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=check)
-    hooks_class = loops.StepHooks
+    hooks_class = hostsync.StepHooks
     if signal_at:  # the test aid the started processes load (tests/aids), on a subclass: StepHooks stays as is
-        hooks_class = type("SignallingHooks", (loops.StepHooks,), {})
+        hooks_class = type("SignallingHooks", (hostsync.StepHooks,), {})
         signal_aid.patch(hooks_class, signal_at)
     hooks = hooks_class(run_context(backend, opts, steps, sync_every, warm), start, preemption or Preemption(), None)
     backend.hooks = hooks

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from common.core import results as res
-from common.training import evaluate
-from common.training import loops as loops_mod
-from common.training.loops import StepHooks
+from common.training import evaluate, hostsync
+from common.training.hostsync import StepHooks
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
 from tests.test_clock import run_context
@@ -138,7 +137,7 @@ class FakeEvaluator:
 
 def test_evaluation_time_is_excluded_from_the_marks_exactly(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(loops_mod.time, "perf_counter", clock)
+    monkeypatch.setattr(hostsync.time, "perf_counter", clock)
     backend = types.SimpleNamespace(is_chief=True, num_workers=1, allsum=lambda v: v)
     opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=1000)
     hooks = StepHooks(run_context(backend, opts, steps=10, sync_every=3, warm=1), start_step=0,

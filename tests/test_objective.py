@@ -19,7 +19,9 @@ def test_replica_objective_is_summed_loss_over_global_batch_plus_regularisation_
         3, kernel_regularizer=tf.keras.regularizers.L2(0.1))])
     x = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
     y = np.array([0, 2, 1, 2], dtype=np.int32)
-    got = float(objective.replica_objective(Job(), model, global_batch=8, replicas=2)(x, y))
+    share, out = objective.replica_objective(Job(), model, global_batch=8, replicas=2)(x, y)
+    got = float(share)
+    assert out.shape == (4, 3)  # the model's outputs, for fit's metrics
     logits = model(x).numpy().astype(np.float64)
     ce = [math.log(np.exp(r).sum()) - r[c] for r, c in zip(logits, y)]  # cross-entropy from logits, per example
     reg = 0.1 * float((model.layers[-1].kernel.numpy().astype(np.float64) ** 2).sum())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common.training import loops, observe
+from common.training import hostsync, observe
 from common.training.reliability import Preemption
 from common.training.runconfig import RunOptions
 from tests.conftest import PY, SMOKE, backend_cmd, base_env, only_result, run
@@ -56,15 +56,15 @@ def test_bad_observation_flags_exit_2_before_tensorflow(tmp_path, flags, message
 # -- progress (fake clock) --------------------------------------------------------------------------------------
 def drive(monkeypatch, steps: int, step_s: float, *, every: float, verbose: bool = True,
           profile: tuple[int, int] | None = None, results: str | None = None,
-          backend: FakeBackend | None = None) -> loops.StepHooks:
+          backend: FakeBackend | None = None) -> hostsync.StepHooks:
     """Fake steps of ``step_s`` seconds each, syncs every 25 steps, 64 images per step (tests.test_clock's driver,
     with the progress and trace options)."""
     clock = FakeClock()
-    monkeypatch.setattr(loops.time, "perf_counter", clock)
+    monkeypatch.setattr(hostsync.time, "perf_counter", clock)
     backend = backend or FakeBackend()
     opts = RunOptions(t_process_start=0.0, command=(), verbose=verbose, progress_seconds=every,
                       profile_steps=profile, results_dir=results)
-    hooks = loops.StepHooks(run_context(backend, opts, steps, 25, 2, images_per_step=64), 0, Preemption(), None)
+    hooks = hostsync.StepHooks(run_context(backend, opts, steps, 25, 2, images_per_step=64), 0, Preemption(), None)
     backend.hooks = hooks
     hooks.start_clock()
     while hooks.global_step < steps:

@@ -62,7 +62,8 @@ def test_capabilities_record_and_gradient_bytes():
     caps = Capabilities(Collective("auto", "gloo", "why"), controller="gloo", compression="fp16", knobs=(knob,))
     assert caps.gradient_bytes(10) == 20 and Capabilities(caps.collective).gradient_bytes(10) == 40
     assert caps.record() == {"controller": "gloo", "compression": "fp16", "input_path": "per-worker",
-                             "variant": None, "asynchronous": False, "every_rank_writes_checkpoint": True}
+                             "variant": None, "asynchronous": False, "every_rank_writes_checkpoint": True,
+                             "optimizer_reduces": False}
     with pytest.raises(ValueError, match="compression 'int8'"):
         Capabilities(caps.collective, compression="int8")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from backends import native_cluster
-from backends.native_ps import sync_points
+from backends.native_ps import _Syncs
 from common.cluster import localcluster
 from common.core.errors import UsageError
 from common.core.results import RunRecord
@@ -28,10 +28,38 @@ PS_TF_CONFIG = ('{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"
 
 
 # -- pure: no TensorFlow -------------------------------------------------------------------------------------
-def test_sync_points_cover_first_step_warmup_windows_and_end():
-    assert sync_points(12, 2, 25) == [1, 2, 12]
-    assert sync_points(60, 2, 25) == [1, 2, 25, 50, 60]
-    assert sync_points(1, 0, 25) == [1]
+class _Remote:
+    def fetch(self) -> float:
+        return 1.0
+
+
+@pytest.mark.parametrize("steps,warm,every,joins", [(12, 2, 25, [1, 2, 12]), (60, 2, 25, [1, 2, 25, 50, 60]),
+                                                    (1, 0, 25, [1])])
+def test_parameter_server_chief_joins_where_every_loop_syncs(steps, warm, every, joins):
+    """The chief joins its workers where every loop syncs (StepHooks: after the first step, at the warm-up's end,
+    every sync_every_steps, after the last), after a global step's worker steps (2 workers) are all scheduled."""
+    from common.training.hostsync import StepHooks
+    from common.training.reliability import Preemption
+    from common.training.runconfig import RunOptions
+    from tests.test_clock import FakeBackend, run_context
+
+    backend = FakeBackend()
+    opts = RunOptions(t_process_start=0.0, command=(), verbose=False)
+    hooks = StepHooks(run_context(backend, opts, steps, every, warm), 0, Preemption(), None)
+    backend.hooks = hooks
+    seen: list[int] = []
+
+    class Coordinator:
+        def join(self) -> None:
+            seen.append(hooks.dispatched)
+
+    syncs = _Syncs(Coordinator(), hooks, 2, float, None)
+    hooks.start_clock()
+    scheduled = 0
+    while not syncs.add(_Remote()):
+        scheduled += 1
+    assert seen == joins
+    assert scheduled + 1 == 2 * steps and hooks.losses == [1.0] * steps
 
 
 def _slurm_env(monkeypatch: pytest.MonkeyPatch, procid: int) -> None:

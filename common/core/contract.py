@@ -151,6 +151,11 @@ class Capabilities:
     variant: str | None = None  # None: the backend's default way of training
     asynchronous: bool = False  # ranks update the variables without waiting for each other: in no parity claim
     every_rank_writes_checkpoint: bool = True  # False: only the chief writes (the others get its state on restore)
+    # True: the optimizer reduces the gradients itself and the step must not (common.training.step). tf.distribute's
+    # parameter-server and central-storage strategies: tf_keras' apply_gradients refuses
+    # experimental_aggregate_gradients=False there (tf_keras/src/optimizers/legacy/optimizer_v2.py) and reduces
+    # across one worker's local replicas; no all-reduce across workers exists in them.
+    optimizer_reduces: bool = False
     knobs: tuple[Knob, ...] = ()  # tuning knobs in effect, defaults included as their values
 
     def __post_init__(self) -> None:

@@ -1,9 +1,10 @@
 """``--diagnose breakdown``: where a custom-loop step's time goes, measured on the device, on either backend.
 
-A separate diagnostic run (its own ``kind: "breakdown"`` record, never a benchmark figure). It trains the job with
-the custom loop's own step (``common.training.step``, tf_keras or Keras 3), but each step is ONE ``tf.function`` whose
-phases are serialized by data and control
-dependencies, with a ``tf.timestamp()`` at every boundary:
+A diagnostic run (its own ``kind: "breakdown"`` record, never a benchmark figure), through the one run driver
+(``common.training.train``) and the custom loop (``common.training.loops.run_ctl``) with a probe, ``Breakdown``,
+around the step that trains (``common.training.step``, tf_keras or Keras 3): each step is ONE ``tf.function`` whose
+phases are serialized by data and control dependencies, with a ``tf.timestamp()`` at every boundary, written into the
+loop's ring with the step's loss:
 
     t0  function start             -> next(iterator)                       -> t1  the batch is there
     t1  forward + backward, this replica's own gradients (ReplicaStep.gradients) -> t2
@@ -12,8 +13,9 @@ dependencies, with a ``tf.timestamp()`` at every boundary:
 
 ``rest`` = t0 of this step - t4 of the previous one: everything between two steps' device work (the function's
 return and dispatch, the Python loop, the host syncs). So input + compute + comm + apply + rest is the step time
-end to end on the device clock, and every part is measured, none is a residual. The host still syncs only every
-``sync_every_steps`` (as a benchmark does) and keeps its own clock marks: ``host_step_time`` (the slowest rank's
+end to end on the device clock, and every part is measured, none is a residual. The host syncs where every run
+syncs (``StepHooks``: after the first step, at the warm-up's end, every ``sync_every_steps``, after the last; a
+preemption agreement rides on some of these) and keeps its clock marks: ``host_step_time`` (the slowest rank's
 wall clock over the timed steps, a benchmark's ``step_time.mean``) checks the device-side parts against an
 independent clock. Serializing removes the overlap a backend may have (Horovod starts allreducing gradients while
 the backward pass runs): the breakdown shows where the time goes WITHOUT overlap.
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,14 +40,15 @@ from common.core.errors import UsageError
 from common.core.privacy import public
 from common.core.results import BREAKDOWN_PHASES, BreakdownRecord
 from common.training import keras3
-from common.training.context import Plan, RunContext
-from common.training.objective import lr_schedule, mean_over_ranks, recorded_loss
+from common.training.context import RunContext
 from common.training.runconfig import RunOptions
-from common.training.step import make_step
+from common.workload.data import DataFacts
 from common.workload.job import Job
 
 if TYPE_CHECKING:
-    from common.training.train import Built
+    from common.training.hostsync import StepHooks
+    from common.training.step import ReplicaStep
+    from common.training.train import Built, Gathered
 
 STAMPS = 5  # t0..t4 per step
 METHOD = ("phases serialized inside one tf.function per step, tf.timestamp() at each boundary; no overlap of "
@@ -117,140 +120,104 @@ def describe_line(rec: BreakdownRecord) -> str:
             f" ms ({100 * rec.step_time / rec.host_step_time:.1f}%)")
 
 
-# -- the diagnostic run -----------------------------------------------------------------------------------------
-def run_breakdown(job: Job, backend: Backend, opts: RunOptions) -> BreakdownRecord | None:
-    """Train ``job`` with its step split into timed phases; the chief writes (and returns) the record."""
+# -- the diagnostic run: a probe around the one step, through the one run driver -----------------------------------
+def run_breakdown(job: Job, backend: Backend, opts: RunOptions,
+                  facts: DataFacts | None = None) -> BreakdownRecord | None:
+    """Train ``job`` with its step split into timed phases (``common.training.train``'s driver with the
+    ``Breakdown`` probe); the chief writes (and returns) the record."""
     from common.training import train
 
-    if backend.info.replicas_per_worker != 1:
-        raise UsageError("--diagnose breakdown times one replica per process; this run drives "
-                         f"{backend.info.replicas_per_worker}")
-    plan = train.make_plan(job, backend)
-    if plan.total_steps < 2:
-        raise UsageError(f"--diagnose breakdown needs at least 2 steps (one untimed), got {plan.total_steps}")
-    if opts.verbose and backend.is_chief:
-        print(f"[twinbench] DIAGNOSTIC run (not a benchmark): step breakdown of job {job.name!r} hash {job.job_hash}"
-              f", backend {backend.name}, {plan.replicas} replica(s), {plan.total_steps} steps; phases serialized, "
-              "no overlap", flush=True)
-    heartbeat, watchdog = train.start_watchdog(backend, opts)
-    try:
-        with train.peer_loss_as_error(watchdog):
-            return _run(job, backend, opts, plan, watchdog)
-    finally:
-        if watchdog is not None:
-            watchdog.stop()
-        if heartbeat is not None:
-            heartbeat.close()
+    return train.train(job, backend, opts, facts, probe=Breakdown())
 
 
-def _run(job: Job, backend: Backend, opts: RunOptions, plan: Plan, watchdog: Any) -> BreakdownRecord | None:
-    from common.training import train
+class Breakdown:
+    """The probe (``common.training.train.Probe``): the custom loop's step, each phase between two timestamps; the
+    ring's row of a step is [t0, t1, t2, t3, t4, loss] in float64."""
 
-    ctx = RunContext(job, backend, opts, plan)
-    built = train.build(ctx)
-    ctx = built.run or ctx  # a compiled model's optimizer, loss and LR, as training takes them
-    dataset = backend.make_dataset(train.training_input(ctx, 0))
-    backend.before_training(built.model)
-    warm = min(max(job.warmup_interval, 1), plan.total_steps - 1)  # step `warm - 1` ends the untimed part
-    stamps, losses, marks = _loop(ctx, built, dataset, warm, watchdog)
-    wall = next(t for d, t in marks if d == warm)
-    mine = {"host": res.hostname(), "phases": step_phases(stamps, warm), "wall": marks[-1][1] - wall,
-            "losses": losses, "machine": machine.rank_machine(opts.iface)}
-    everyone = backend.allgather(mine)  # every rank takes part; only the chief keeps the result
-    if not backend.is_chief:
-        return None
-    n_params = int(sum(int(math.prod(v.shape)) for v in built.model.trainable_variables))
-    figures = summarize([r["phases"] for r in everyone], [r["wall"] for r in everyone])
-    for row, r in zip(figures["per_rank"], everyone):
-        row["host"] = r["host"]
-    rec = BreakdownRecord(
-        backend=backend.name, backend_info=backend.describe(), world_size=plan.replicas,
-        num_workers=backend.num_workers, job_hash=job.job_hash, job=job.to_dict(),
-        global_batch_size=plan.global_batch, steps=plan.total_steps, timed_steps=plan.total_steps - warm,
-        warmup_steps=warm, **figures, per_rank_step_phases=[r["phases"] for r in everyone],
-        step_losses=[mean_over_ranks([r["losses"][i] for r in everyone]) for i in range(plan.total_steps)],
-        trainable_params=n_params, gradient_bytes=backend.capabilities().gradient_bytes(n_params),
-        versions=res.versions(),
-        hosts=[r["host"] for r in everyone], command=list(opts.command),
-        started_at=res.now_iso_from(opts.t_process_start), finished_at=res.now_iso(), run_id=res.new_run_id(),
-        machine=machine.combine([r["machine"] for r in everyone]),
-    )
-    if opts.verbose:
-        print(f"[twinbench] breakdown ({METHOD}): {describe_line(rec)}", flush=True)
-    if opts.results_dir is not None:
-        path = res.write_json_atomic(Path(opts.results_dir) / rec.filename(), public(rec.to_dict()))
-        print(f"[twinbench] results: {path}", flush=True)
-    return rec
+    columns = STAMPS + 1
+    least_warm = 1  # step `warm - 1` ends the untimed part: the first timed step's gap (``rest``) needs a step before
 
+    def __init__(self) -> None:
+        import tensorflow as tf
 
-def _loop(ctx: RunContext, built: Built, dataset: Any, warm: int,
-          watchdog: Any) -> tuple[list[list[float]], list[float], list[tuple[int, float]]]:
-    """Run every step; the host reads the device's stamps every sync_every_steps (and after step 1, at the end
-    of the warm-up and after the last step), as a benchmark syncs. Returns stamps, losses and clock marks."""
-    import tensorflow as tf
+        self.dtype = tf.float64
+        self.stamps: list[list[float]] = []
 
-    job, backend, plan = ctx.job, ctx.backend, ctx.plan
-    model, optimizer = built.model, built.optimizer
-    every = job.sync_interval
-    ring = tf.Variable(tf.zeros([every, STAMPS + 1], tf.float64), trainable=False, name="twinbench_breakdown")
-    step = _make_step(ctx, built, iter(dataset), ring)
-    stamps: list[list[float]] = []
-    losses: list[float] = []
-    marks = [(0, time.perf_counter())]
-    schedule = lr_schedule(job, plan.learning_rate, plan.steps_per_epoch, plan.total_steps, plan.replicas)
-    set_lr = keras3.learning_rate_setter(job, optimizer)
-    for done in range(1, plan.total_steps + 1):
-        new_lr = schedule(done - 1)
-        if new_lr is not None:
-            set_lr(new_lr)
-        step()  # not waited for: the host reads the device only at a sync, as a benchmark does
-        if done == 1:
-            backend.after_first_step(model, optimizer)
-        if done in (1, warm, plan.total_steps) or done % every == 0:
-            block = ring.numpy()  # the host waits for the device here only
-            for i in range(len(stamps), done):
-                stamps.append([float(v) for v in block[i % every][:STAMPS]])
-                losses.append(float(block[i % every][STAMPS]))
-            marks.append((done, time.perf_counter()))
-            if watchdog is not None:
-                watchdog.progress(f"step {done}")
-    return stamps, losses, marks
+    def check(self, ctx: RunContext) -> None:
+        backend, plan = ctx.backend, ctx.plan
+        if backend.info.replicas_per_worker != 1:
+            raise UsageError("--diagnose breakdown times one replica per process; this run drives "
+                             f"{backend.info.replicas_per_worker}")
+        if backend.train_loop() is not None:
+            raise UsageError("--diagnose breakdown times the custom loop's step; this backend trains in a loop of "
+                             "its own (parameter servers)")
+        if plan.total_steps < 2:
+            raise UsageError(f"--diagnose breakdown needs at least 2 steps (one untimed), got {plan.total_steps}")
 
+    def announce(self, ctx: RunContext) -> str:
+        job, backend, plan = ctx.job, ctx.backend, ctx.plan
+        return (f"[twinbench] DIAGNOSTIC run (not a benchmark): step breakdown of job {job.name!r} hash "
+                f"{job.job_hash}, backend {backend.name}, {plan.replicas} replica(s), {plan.total_steps} steps; "
+                "phases serialized, no overlap")
 
-def _make_step(ctx: RunContext, built: Built, iterator: Any, ring: Any) -> Any:
-    """The one tf.function per step: [t0, t1, t2, t3, t4, loss] of step ``i`` written at slot i % ring size."""
-    import tensorflow as tf
+    def device_step(self, fetch: Callable[[], Any], one: ReplicaStep, backend: Backend) -> Any:
+        import tensorflow as tf
 
-    backend, replicas = ctx.backend, ctx.plan.replicas
-    one = make_step(ctx, built.model, built.optimizer)  # the step training runs, called phase by phase
-    variables = keras3.tf_variables(one.variables)
+        variables = keras3.tf_variables(one.variables)
 
-    def replica(x: Any, y: Any) -> Any:
-        t1 = _stamp_after([x, y])
-        x, y = _after(t1, [x, y])  # the forward pass starts once t1 is taken
-        loss, grads = one.gradients(x, y)
-        t2 = _stamp_after([g for g in grads if g is not None])
-        reduced = one.reduce(_after(t2, grads))
-        t3 = _stamp_after([g for g in reduced if g is not None])
-        update = one.apply(_after(t3, reduced))
-        with tf.control_dependencies(_ops(update)):
-            t4 = _stamp_after([tf.identity(v) for v in variables])  # the updated values, read back
-        return tf.stack([t1, t2, t3, t4, recorded_loss(tf.cast(loss, tf.float64), replicas)])
+        def replica(x: Any, y: Any) -> Any:
+            t1 = _stamp_after([x, y])
+            x, y = _after(t1, [x, y])  # the forward pass starts once t1 is taken
+            loss, grads, _ = one.gradients(x, y)
+            t2 = _stamp_after([g for g in grads if g is not None])
+            reduced = one.reduce(_after(t2, grads))
+            t3 = _stamp_after([g for g in reduced if g is not None])
+            update = one.apply(_after(t3, reduced))
+            with tf.control_dependencies(_ops(update)):
+                t4 = _stamp_after([tf.identity(v) for v in variables])  # the updated values, read back
+            return tf.stack([t1, t2, t3, t4, one.record(tf.cast(loss, tf.float64))])
 
-    counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_breakdown_step")
-
-    @tf.function
-    def step() -> Any:
         t0 = tf.timestamp()
         with tf.control_dependencies([t0]):  # the batch is asked for after t0
-            batch = next(iterator)
-        row = backend.run_step(replica, batch)[0]  # one replica per process (checked)
-        slot = tf.cast(counter % ring.shape[0], tf.int32)
-        written = ring.scatter_nd_update([[slot]], [tf.concat([[t0], row], 0)])
-        with tf.control_dependencies([written]):
-            return counter.assign_add(1)
+            batch = fetch()
+        return tf.concat([[t0], backend.run_step(replica, batch)[0]], 0)  # one replica per process (checked)
 
-    return step
+    def losses(self, rows: list[list[float]]) -> list[float]:
+        self.stamps += [row[:STAMPS] for row in rows]
+        return [row[STAMPS] for row in rows]
+
+    def measured(self, hooks: StepHooks) -> dict[str, Any]:
+        """The phases of the timed steps, and the host clock over them (from the warm-up's end to the last mark)."""
+        warm = hooks.warm
+        wall = next(t for d, t in hooks.marks if d == warm)
+        return {"phases": step_phases(self.stamps, warm), "wall": hooks.marks[-1][1] - wall}
+
+    def record(self, ctx: RunContext, built: Built, gathered: Gathered) -> BreakdownRecord:
+        job, backend, plan, opts = ctx.job, ctx.backend, ctx.plan, ctx.opts
+        everyone = gathered.everyone
+        warm = everyone[0]["warm"]
+        n_params = int(sum(int(math.prod(v.shape)) for v in built.model.trainable_variables))
+        figures = summarize([r["phases"] for r in everyone], [r["wall"] for r in everyone])
+        for row, r in zip(figures["per_rank"], everyone):
+            row["host"] = r["host"]
+        rec = BreakdownRecord(
+            backend=backend.name, backend_info=backend.describe(), world_size=plan.replicas,
+            num_workers=backend.num_workers, job_hash=job.job_hash, job=job.to_dict(),
+            global_batch_size=plan.global_batch, steps=plan.total_steps, timed_steps=plan.total_steps - warm,
+            warmup_steps=warm, **figures, per_rank_step_phases=[r["phases"] for r in everyone],
+            step_losses=gathered.step_losses,
+            trainable_params=n_params, gradient_bytes=backend.capabilities().gradient_bytes(n_params),
+            versions=res.versions(),
+            hosts=[r["host"] for r in everyone], command=list(opts.command),
+            started_at=res.now_iso_from(opts.t_process_start), finished_at=res.now_iso(), run_id=res.new_run_id(),
+            machine=machine.combine([r["machine"] for r in everyone]),
+        )
+        if opts.verbose:
+            print(f"[twinbench] breakdown ({METHOD}): {describe_line(rec)}", flush=True)
+        if opts.results_dir is not None:
+            path = res.write_json_atomic(Path(opts.results_dir) / rec.filename(), public(rec.to_dict()))
+            print(f"[twinbench] results: {path}", flush=True)
+        return rec
 
 
 def _stamp_after(tensors: list[Any]) -> Any:

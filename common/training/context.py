@@ -8,12 +8,14 @@ from typing import Any
 
 from common.core.contract import Backend
 from common.training.runconfig import RunOptions
+from common.workload.data import DataFacts
 from common.workload.job import Job
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The run's derived sizes: what the chief prints at start and both loops follow."""
+    """The run's derived sizes and the data's facts, made once per run (``common.training.train.make_plan``) and read
+    by everything after it: the chief's banner, the model, the loops, the record."""
 
     per_replica_batch: int  # the job's per_replica_batch_size: the global batch is made of these
     learning_rate: float  # scaled for the replica count (job.lr_scaling)
@@ -21,6 +23,7 @@ class Plan:
     total_steps: int
     replicas: int
     pipeline: dict[str, Any] | None = None  # an input function's facts (common.training.streamed), else None
+    data: DataFacts | None = None  # the training data's size and shapes (None: an input function's, in ``pipeline``)
 
     @property
     def global_batch(self) -> int:

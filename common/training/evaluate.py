@@ -27,7 +27,7 @@ the float32 rounding of its forward pass.) Two collectives frame it, on every ra
 ``backend.sync_model_state`` first (Horovod ranks hold their own BatchNorm statistics until averaged; MWMS reads the
 mean), and a barrier last, so all ranks leave the evaluation together and the next timed window starts equal.
 
-The evaluation is not training: ``common.training.loops.StepHooks`` takes it right after a host sync (the device
+The evaluation is not training: ``common.training.hostsync.StepHooks`` takes it right after a host sync (the device
 has finished the steps before it) and shifts every later clock mark back by its duration, so the throughput, the
 step times and the progress lines measure training alone; each evaluation's ``wall_time`` (seconds since the first
 training step started) includes every evaluation before it: time to target is wall time.

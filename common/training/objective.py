@@ -6,7 +6,8 @@ The rules are the tf.distribute tutorial's, so that MWMS and Horovod compute the
   SUM gradients across replicas (``Backend.reduce_gradients`` in ``common.training.step``), which equals the gradient
   of the global-batch mean loss plus the regularisation counted once (``replica_objective``);
 - in Keras ``fit`` the loss is the compiled ``fit_loss``: under a strategy Keras applies the same rule itself;
-  under Horovod each rank's Keras loss is its local mean, divided by the ranks before the same SUM, the same quantity;
+  under Horovod each rank's Keras loss is its local mean, divided by the ranks before the same SUM, the same quantity
+  (``fit_objective``); both go through the one step (``common.training.step``);
 - the LR warm-up is Horovod's ``LearningRateWarmupCallback`` rule (``warmup_multiplier``), re-implemented for the
   native backend and the custom loop, momentum correction off on both sides; after it the job's ``lr_schedule``
   (``lr_schedule``: constant, cosine, or the user's LearningRateSchedule), set from the host before every step in
@@ -206,20 +207,51 @@ def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray
 
 
 def replica_objective(job: Job, model: Any, global_batch: int, replicas: int) -> Callable[[Any, Any], Any]:
-    """``(x, y) -> scalar``: this replica's share of the objective, sum(per-example loss) / ``global_batch`` +
-    regularisation / ``replicas`` (call it inside the replica function, under a GradientTape)."""
+    """The custom loop's ``(x, y) -> (share, outputs)``: this replica's share of the objective, sum(per-example loss)
+    / ``global_batch`` + regularisation / ``replicas``, and the model's outputs (call it inside the replica function,
+    under a GradientTape: ``common.training.step``)."""
     import tensorflow as tf
 
     loss_obj = per_example_loss(job)
 
     def objective(x: Any, y: Any) -> Any:
+        out = model(x, training=True)
         # Divide by the GLOBAL batch: the backends then SUM gradients across replicas.
-        loss = tf.nn.compute_average_loss(loss_obj(y, model(x, training=True)), global_batch_size=global_batch)
+        loss = tf.nn.compute_average_loss(loss_obj(y, out), global_batch_size=global_batch)
         if model.losses:
             # Regularisation counted once in total, not once per replica (tf.nn.scale_regularization_loss only
             # knows tf.distribute's replica count, not Horovod's, so divide explicitly).
             loss += tf.add_n(model.losses) / replicas
-        return loss
+        return loss, out
+
+    return objective
+
+
+def fit_objective(model: Any, forward: Callable[[Any], Any], outside: int,
+                  structure_loss: Callable[[Any, Any], Any] | None = None) -> Callable[[Any, Any], Any]:
+    """Keras ``fit``'s ``(x, y) -> (share, outputs)``: the model's compiled loss (``fit_loss``, through
+    ``model.compute_loss``, which also feeds Keras' loss metric), which tf_keras divides by the replicas tf.distribute
+    knows (``LossesContainer.__call__``, tf_keras/src/engine/compile_utils.py), then divided by ``outside``: the
+    replicas of the run it does not know (Horovod's ranks; 1 under MWMS and for a worker of parameter-server training,
+    which updates alone), so that the SUM reduction gives the global-batch mean, the custom loop's quantity.
+
+    ``structure_loss``: a user's per-example loss over a multi-output model's structures, which ``compile`` would
+    apply to each output apart: computed here by Keras' rule for one loss instead (the batch mean, plus the
+    regularisation, both divided by tf.distribute's replicas; common/training/outputs.py). ``forward``: the model's
+    forward pass (jit-compiled with ``xla``: the collective-free part only)."""
+    import tensorflow as tf
+
+    def objective(x: Any, y: Any) -> Any:
+        out = forward(x)
+        if structure_loss is None:
+            loss = model.compute_loss(x, y, out, None)
+        else:
+            in_sync = tf.distribute.get_strategy().num_replicas_in_sync
+            loss = tf.reduce_mean(structure_loss(y, out))
+            if model.losses:
+                loss += tf.add_n(model.losses)
+            loss = loss / in_sync if in_sync > 1 else loss
+        return (loss / outside if outside > 1 else loss), out
 
     return objective
 

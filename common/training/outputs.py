@@ -5,9 +5,10 @@ Two ways to give the loss of such a model (the job keys: ``common/workload/losss
 - ``loss = "package.module:function"``: ``fn(y_true, y_pred) -> [batch]`` gets the labels and the model's outputs
   in their structures (dicts, tuples) and returns one value per example. The custom loops call it as every
   per-example loss (``common.training.objective.replica_objective``). Keras ``compile`` would instead apply one
-  loss to each output separately, so ``fit`` computes it here (``fit_structure_loss``, the tf_keras model's
-  ``compute_loss``) by Keras' rule for one loss: the batch mean, divided by the strategy's replicas, plus the
-  regularisation divided the same way (tf_keras/src/engine/compile_utils.py, ``LossesContainer.__call__``).
+  loss to each output separately, so ``fit`` compiles no loss and its objective computes it
+  (``structure_loss``, then ``common.training.objective.fit_objective``) by Keras' rule for one loss: the batch mean,
+  divided by the strategy's replicas, plus the regularisation divided the same way (tf_keras/src/engine/
+  compile_utils.py, ``LossesContainer.__call__``).
 - ``loss_per_output = {name = loss}`` (and ``loss_weights``): the model returns a dict of outputs, the labels are a
   dict with the same keys, and the per-example objective is sum over outputs of weight x that output's
   per-example loss. ``fit`` compiles ``loss=dict, loss_weights=dict`` (Keras sums weight x batch mean per output:
@@ -36,30 +37,24 @@ def is_multi(model: Any) -> bool:
 
 
 def compile_loss(job: Job, model: Any) -> dict[str, Any]:
-    """``Model.compile``'s loss arguments for ``fit``: ``loss_per_output`` as a dict with every output's weight; a
-    user loss over the structures of a multi-output model as None, ``model.structure_loss`` then holding it (the
-    model's ``compute_loss``: ``fit_structure_loss``); else the job's single loss (``objective.fit_loss``)."""
-    import types
-
+    """``Model.compile``'s loss arguments for ``fit``: ``loss_per_output`` as a dict with every output's weight; None
+    for a user loss over the structures of a multi-output model (``structure_loss`` has it); else the job's single
+    loss (``objective.fit_loss``)."""
     from common.training import objective
 
     if job.loss_per_output:
         return {"loss": objective.fit_loss(job), "loss_weights": lossspec.weights(job)}
     if is_multi(model):
-        model.structure_loss = types.SimpleNamespace(fn=objective.per_example_loss(job))  # not tracked by Keras
         return {"loss": None}
     return {"loss": objective.fit_loss(job)}
 
 
-def fit_structure_loss(model: Any, y: Any, y_pred: Any) -> Any:
-    """This replica's loss for ``fit`` by Keras' rule for one loss (module docstring)."""
-    import tensorflow as tf
+def structure_loss(job: Job, model: Any) -> Any:
+    """The per-example loss ``fit``'s objective applies to a multi-output model's structures (what ``compile_loss``
+    leaves out), or None."""
+    from common.training import objective
 
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    loss = tf.reduce_mean(model.structure_loss.fn(y, y_pred))
-    if model.losses:
-        loss += tf.add_n(model.losses)
-    return loss / replicas if replicas > 1 else loss
+    return objective.per_example_loss(job) if is_multi(model) and not job.loss_per_output else None
 
 
 # -- the check before the first step --------------------------------------------------------------------------------

@@ -68,12 +68,10 @@ def dataset_fn(ctx: RunContext, start_step: int) -> Callable[[int, int, int], An
     return fn
 
 
-def model_inputs(ctx: RunContext) -> tuple[Any, int | None]:
+def model_inputs(job: Job, pipeline: dict[str, Any]) -> tuple[Any, int | None]:
     """(input shapes for the model function: one tuple, or a dict / list of them as the features are; num_classes:
-    the job's when set, else None: streamed labels are never all read)."""
-    assert ctx.plan.pipeline is not None
-    shapes = ctx.plan.pipeline["record"]["input_shapes"]
-    return _as_tuples(shapes), ctx.job.num_classes or None
+    the job's when set, else None: streamed labels are never all read), from the plan's ``pipeline``."""
+    return _as_tuples(pipeline["record"]["input_shapes"]), job.num_classes or None
 
 
 def _as_tuples(shapes: Any) -> Any:

@@ -1,8 +1,11 @@
-"""One training run on a set-up backend, in named steps: plan, build, resume, loop (fit | ctl), gather, record.
+"""The one run driver: every run on a set-up backend, in named steps: plan, build, resume, drive (fit | ctl | the
+backend's own loop), gather, record.
 
-The loops themselves (and the loss-scaling rules that make both backends compute the same math) are in
-``common.training.loops``; this module owns what happens before and after them: the model and optimizer, the checkpoint
-(resume and preemption), the gathering of every rank's measurements, and the chief's results record.
+Training, parameter-server training (the backend's own loop, ``Backend.train_loop``) and the ``--diagnose breakdown``
+run (a probe around the custom loop's one step, ``common.diagnostics.breakdown``, with its own record) all go through
+``train``. The loops themselves, and when the host syncs, are in ``common.training.loops``; the step in
+``common.training.step``; this module owns what happens before and after them: the plan, the model and optimizer, the
+checkpoint (resume and preemption), the gathering of every rank's measurements, and the chief's results record.
 """
 
 from __future__ import annotations
@@ -14,11 +17,10 @@ import math
 import os
 import shutil
 import time
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from common.cluster import energy, machine, nccl, netif
 from common.core import results as res
@@ -29,7 +31,7 @@ from common.training import compiled as compiled_mod
 from common.training import evaluate, inputwait, keras3, loops, objective, observe, outputs, streamed
 from common.training import reliability as rel
 from common.training.context import Plan, RunContext
-from common.training.loops import StepHooks
+from common.training.hostsync import StepHooks
 from common.training.optimizers import build_optimizer  # bench/ imports it from here too
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
@@ -84,19 +86,47 @@ class Resume:
     source: Path  # where the checkpoint was read from
     own_dir: Path  # where this run's checkpoint lives (written on preemption, deleted when complete)
 
+    @classmethod
+    def fresh(cls, ctx: RunContext) -> Resume:
+        """From step 0, reading no checkpoint (a probed run: ``Probe``)."""
+        own = own_checkpoint_dir(ctx)
+        return cls(0, {}, own, own)
 
-def train(job: Job, backend: Backend, opts: RunOptions) -> res.RunRecord | None:
-    """Run the job on a set-up backend; the chief returns (and writes) the results record.
+
+class Probe(loops.StepProbe, Protocol):
+    """A diagnostic run through this driver (``common.diagnostics.breakdown``): its checks, its step (``StepProbe``),
+    what each rank adds to the gathered measurements, and its own record instead of a benchmark's. A probed run
+    neither resumes nor leaves a checkpoint: it is measured in one piece."""
+
+    def check(self, ctx: RunContext) -> None:
+        """UsageError (exit 2 on every rank) when the probe cannot run this plan on this backend."""
+
+    def announce(self, ctx: RunContext) -> str:
+        """The chief's first line."""
+
+    def measured(self, hooks: StepHooks) -> dict[str, Any]:
+        """This rank's measurements after the loop, gathered with the run's own."""
+
+    def record(self, ctx: RunContext, built: Built, gathered: Gathered) -> Any:
+        """The chief's record from every rank's measurements; written and returned."""
+
+
+def train(job: Job, backend: Backend, opts: RunOptions, facts: data_mod.DataFacts | None = None,
+          probe: Probe | None = None) -> Any:
+    """Run the job on a set-up backend; the chief returns (and writes) the results record (a ``RunRecord``, or the
+    probe's). ``facts``: the training data's, when the caller worked them out already (``common.cli``).
 
     Raises ``Preempted`` after writing a checkpoint on SIGTERM/SIGUSR1, ``UsageError`` when a checkpoint cannot
     resume this run, and ``PeerLost`` when a collective failed because a peer no longer answers.
     """
-    ctx = RunContext(job, backend, opts, make_plan(job, backend))
-    announce(ctx)
+    ctx = RunContext(job, backend, opts, make_plan(job, backend, facts))
+    if probe is not None:
+        probe.check(ctx)
+    announce(ctx, probe)
     preemption = rel.Preemption()  # SIGTERM/SIGUSR1 handlers first: from here on a signal means "checkpoint"
     heartbeat, watchdog = start_watchdog(backend, opts)
     with peer_loss_as_error(watchdog):
-        return _train(ctx, preemption, watchdog, heartbeat)
+        return _train(ctx, preemption, watchdog, heartbeat, probe)
 
 
 PEER_LOSS_GRACE = 10.0  # s: a failure that is not a lost peer is reported this much later, never misnamed
@@ -120,58 +150,75 @@ def peer_loss_as_error(watchdog: rel.Watchdog | None) -> Iterator[None]:
 
 
 def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog | None,
-           heartbeat: rel.Heartbeat | None) -> res.RunRecord | None:
+           heartbeat: rel.Heartbeat | None, probe: Probe | None) -> Any:
     backend, opts, plan = ctx.backend, ctx.opts, ctx.plan
     built = build(ctx)
     run = built.run or ctx  # what trains: the job's keys, or the compiled model's optimizer, loss and metrics
     if run.verbose:  # the global batch, LR and optimizer: the model function may have compiled its own
         print(compiled_mod.banner(run, built.compiled), flush=True)
-    resume = find_resume(ctx, built)
+    resume = find_resume(ctx, built) if probe is None else Resume.fresh(ctx)
     dataset = backend.make_dataset(training_input(ctx, resume.start_step))
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
-    hooks = StepHooks(run, resume.start_step, preemption, watchdog)
+    hooks = StepHooks(run, resume.start_step, preemption, watchdog, least_warm=probe.least_warm if probe else 0)
     hooks.energy = energy.rank_meter()  # None without a GPU energy counter: the record's energy is then absent
-    own_loop = backend.train_loop()
-    if own_loop is None:  # the shared loops evaluate; a backend's own (parameter servers) does not
-        hooks.evaluator = streamed.make_evaluator(run, built.model) if plan.pipeline else \
-            evaluate.make_evaluator(run.job, built.model, backend, plan.steps_per_epoch, plan.total_steps)
-    loop = own_loop or (loops.run_fit if run.job.mode == "fit" else loops.run_ctl)
-    loop(run, built.model, built.optimizer, dataset, hooks)
+    drive(run, built, dataset, hooks, probe)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
     backend.sync_model_state(built.model)
-    gathered = gather(ctx, built, hooks, resume, init_digest)
+    gathered = gather(ctx, built, hooks, resume, init_digest, probe.measured(hooks) if probe else {})
     if hooks.stopped_at is not None:
-        write_checkpoint(ctx, built.checkpoint, resume.own_dir, hooks, gathered)
+        if probe is None:
+            write_checkpoint(ctx, built.checkpoint, resume.own_dir, hooks, gathered)
         if watchdog is not None:
             watchdog.stop()
+        where = f"checkpoint in {resume.own_dir}; run the same command again to resume" if probe is None else \
+            "a diagnostic run leaves no checkpoint: run it again"
         raise Preempted(f"{preemption.signalled or 'a signal'} on some rank: stopped after step {hooks.stopped_at}"
-                        f"/{plan.total_steps}, checkpoint in {resume.own_dir}; run the same command again to resume")
+                        f"/{plan.total_steps}, {where}")
     if watchdog is not None:
         watchdog.stop()  # peers may now exit at any time: their silence is no longer a failure
     if heartbeat is not None:
         heartbeat.close()
     if not backend.is_chief:
         return None
+    if probe is not None:
+        return probe.record(run, built, gathered)
     record = make_record(ctx, built, resume, gathered)
     publish(record, opts, resume, hooks.trace)
     return record
 
 
+def drive(run: RunContext, built: Built, dataset: Any, hooks: StepHooks, probe: Probe | None) -> None:
+    """The loop: the backend's own (parameter servers), a probe's around the custom loop's step, or the job's mode;
+    validation (when the job has it) in the shared loops only, never in a probed run."""
+    if probe is not None:
+        loops.run_ctl(run, built.model, built.optimizer, dataset, hooks, probe)
+        return
+    own_loop = run.backend.train_loop()
+    if own_loop is None:
+        hooks.evaluator = streamed.make_evaluator(run, built.model) if run.plan.pipeline else \
+            evaluate.make_evaluator(run.job, built.model, run.backend, run.plan.steps_per_epoch, run.plan.total_steps)
+    loop = own_loop or (loops.run_fit if run.job.mode == "fit" else loops.run_ctl)
+    loop(run, built.model, built.optimizer, dataset, hooks)
+
+
 # -- the named steps ------------------------------------------------------------------------------------------
-def make_plan(job: Job, backend: Backend) -> Plan:
+def make_plan(job: Job, backend: Backend, facts: data_mod.DataFacts | None = None) -> Plan:
+    """The run's sizes and the data's facts, once: ``facts`` when the caller has them, else from the data (an input
+    function's from its pipeline in every rank, ``streamed.plan``)."""
     replicas = backend.num_replicas
     pipeline = None
     if data_mod.streams(job):  # an input function: its steps from what it returns in every rank
         spe, total, pipeline = streamed.plan(job, backend, job.per_replica_batch_size)
+        facts = None
     else:
-        n_samples, _, _ = data_mod.dataset_info(job)
-        spe, total = job.resolve_steps(n_samples, replicas)
+        facts = facts or data_mod.facts(job)
+        spe, total = job.resolve_steps(facts.samples, replicas)
     per_exec = job.steps_per_execution
     if spe % per_exec or total % per_exec:
         raise UsageError(f"{spe} steps per epoch and {total} steps at {replicas} replicas must be multiples of "
                          f"steps_per_execution = {per_exec} (the host sees the device only between executions)")
-    plan = Plan(job.per_replica_batch_size, job.scaled_learning_rate(replicas), spe, total, replicas, pipeline)
+    plan = Plan(job.per_replica_batch_size, job.scaled_learning_rate(replicas), spe, total, replicas, pipeline, facts)
     # before the model is built (ResNet-50 takes a while): files-mode sharding needs a shard per input pipeline
     data_mod.check_sharding(job, plan.global_batch, backend.num_workers)
     return plan
@@ -191,17 +238,20 @@ def training_input(ctx: RunContext, start_step: int) -> Callable[[int, int, int]
     return dataset_fn
 
 
-def announce(ctx: RunContext) -> None:
+def announce(ctx: RunContext, probe: Probe | None = None) -> None:
     """The chief prints the job, backend and replicas before anything else happens (the global batch and learning
-    rate once the model is built: ``compiled.banner``)."""
+    rate once the model is built: ``compiled.banner``); a probe its own line."""
     job, backend, plan, opts = ctx.job, ctx.backend, ctx.plan, ctx.opts
     reason = observe.check_profile_steps(opts.profile_steps, plan.total_steps)
     if reason:  # on every rank: all of them exit 2
         raise UsageError(reason)
     if not ctx.verbose:
         return
+    if probe is not None:
+        print(probe.announce(ctx), flush=True)
+        return
     info, replicas = backend.info, plan.replicas
-    data = "input function" if plan.pipeline else f"{data_mod.dataset_info(job)[0]} samples"
+    data = "input function" if plan.data is None else f"{plan.data.samples} samples"
     print(f"[twinbench] job {job.name!r} hash {job.job_hash} | backend {backend.name} | mode {job.mode} | "
           f"{info.num_workers} worker(s) x {info.replicas_per_worker} replica(s) = {replicas} replicas; "
           f"{plan.total_steps} steps, {plan.steps_per_epoch} steps/epoch, dataset {job.dataset} ({data}); "
@@ -222,14 +272,14 @@ def build(ctx: RunContext) -> Built:
     """Model and optimizer under the backend's scope, with optimizer slots created (so a checkpoint can load)."""
     import tensorflow as tf
 
-    job, backend = ctx.job, ctx.backend
+    job, backend, plan = ctx.job, ctx.backend, ctx.plan
     from common.workload import models as models_mod
 
-    pipeline = ctx.plan.pipeline
+    pipeline = plan.pipeline
     if pipeline is not None:
-        input_shape, num_classes = streamed.model_inputs(ctx)
+        input_shape, num_classes = streamed.model_inputs(job, pipeline)
     else:
-        _, input_shape, num_classes = data_mod.dataset_info(job)
+        input_shape, num_classes = plan.data.input_shape, plan.data.num_classes
     tf.keras.utils.set_random_seed(job.seed)  # weights, dropout: identical on every rank and backend
     if job.keras == 3:
         keras3.seed(job)
@@ -242,11 +292,11 @@ def build(ctx: RunContext) -> Built:
         run = ctx if compiled is None else compiled_mod.context(ctx, compiled)
         job = run.job  # the compiled loss and metrics, if any
         if usercode.refs(job) or job.loss != DEFAULT_LOSS or job.loss_per_output:  # do they fit together?
-            labels = pipeline["labels"] if pipeline else data_mod.label_sample(job)
+            labels = pipeline["labels"] if pipeline else plan.data.labels(job)
             outputs.check(job, inner, labels, num_classes)
         optimizer = build_optimizer(job, run.plan.learning_rate, compiled)
         if job.mode == "fit":
-            model = _compile_for_fit(job, backend, inner, optimizer)
+            model = loops.fit_model(job, backend, inner, optimizer)
         else:
             model = inner
             if job.mixed_precision:
@@ -259,32 +309,16 @@ def build(ctx: RunContext) -> Built:
     return Built(model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer), run, compiled)
 
 
-def _compile_for_fit(job: Job, backend: Backend, inner: Any, optimizer: Any) -> Any:
-    import tensorflow as tf
-
-    model = loops.twin_model_class()(inputs=inner.inputs, outputs=inner.output if outputs.is_multi(inner) else
-                                     inner.outputs, name=inner.name)
-    model.local_replicas = backend.info.replicas_per_worker
-    # fit's gradients reduced as the custom loop's: the backend's one reduction (common.training.step)
-    model.reduction = types.SimpleNamespace(reduce_fn=backend.reduce_gradients, replicas=backend.num_replicas)
-    # tf_keras' default ("auto" = "sum" under MWMS) all-reduces every returned log across workers each
-    # step, on top of the metrics' own sync, and so shows N x the loss. "first" keeps the synced metric
-    # values as they are and adds no collective that Horovod runs do not have.
-    model.distribute_reduction_method = "first"
-    if job.xla:
-        # Not compile(jit_compile=True): that compiles the whole step, collectives included, which XLA
-        # cannot do on CPU (MWMS) and Horovod only with its optional XLA ops. As in the custom loop, the
-        # collective-free part (here the model's forward pass, and so its gradient) is compiled.
-        model.xla_forward = types.SimpleNamespace(fn=tf.function(lambda x: model(x, training=True), jit_compile=True))
-    model.compile(optimizer=optimizer, **outputs.compile_loss(job, model), steps_per_execution=job.steps_per_execution)
-    return model
+def own_checkpoint_dir(ctx: RunContext) -> Path:
+    """Where this run's checkpoint lives: by backend, replicas, job hash and variant, in the results dir."""
+    return rel.ckpt_dir(ctx.opts.results_dir or ".", ctx.backend.name, ctx.plan.replicas, ctx.job.job_hash,
+                        ctx.backend.capabilities().variant)
 
 
 def find_resume(ctx: RunContext, built: Built) -> Resume:
     """Resume from a checkpoint when there is one: the chief decides (its view of the results dir), all follow."""
     job, backend, plan, opts = ctx.job, ctx.backend, ctx.plan, ctx.opts
-    own_dir = rel.ckpt_dir(opts.results_dir or ".", backend.name, plan.replicas, job.job_hash,
-                           backend.capabilities().variant)
+    own_dir = own_checkpoint_dir(ctx)
     source = Path(opts.resume_from) if opts.resume_from else own_dir
     meta = backend.allgather(rel.read_meta(source) if backend.is_chief else None)[0]
     if opts.resume_from and meta is None:
@@ -300,8 +334,10 @@ def find_resume(ctx: RunContext, built: Built) -> Resume:
     return Resume(int(meta["step"]), meta, source, own_dir)
 
 
-def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init_digest: str) -> Gathered:
-    """Every rank's measurements on every rank (one collective, after the timed loop), and the global losses."""
+def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init_digest: str,
+           extra: dict[str, Any] | None = None) -> Gathered:
+    """Every rank's measurements on every rank (one collective, after the timed loop), and the global losses.
+    ``extra``: a probe's own measurements of this rank, gathered in the same collective."""
     backend, opts = ctx.backend, ctx.opts
     mine = {
         "host": res.hostname(),
@@ -322,6 +358,7 @@ def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init
         "machine": machine.rank_machine(opts.iface),  # after the last step: the peak RSS is the run's
         "nccl": nccl.own_finding(),  # the network NCCL chose, from its log file (common.cluster.nccl); None: no file
         "energy": meter.result() if (meter := getattr(hooks, "energy", None)) is not None else None,
+        **(extra or {}),
     }
     # Every rank must take part in this collective, chief or not.
     everyone = backend.allgather(mine)

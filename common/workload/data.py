@@ -30,7 +30,8 @@ from common.workload.job import Job
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["DataError", "DataUsageError", "check_sharding", "dataset_info", "label_sample", "list_image_folder",
+__all__ = ["DataError", "DataFacts", "DataUsageError", "check_sharding", "dataset_info", "facts", "label_sample",
+           "list_image_folder",
            "load_arrays", "make_train_dataset", "shard_geometry", "streams", "validation_arrays"]
 
 
@@ -84,10 +85,32 @@ def streams(job: Job) -> bool:
     return inputfn.is_input_fn(job)
 
 
-def label_sample(job: Job) -> np.ndarray:
-    """A few training labels, the smallest and largest among them (integer labels): what the loss is checked on."""
+@dataclass(frozen=True)
+class DataFacts:
+    """What a run plans and builds by: the training data's size and shapes, worked out once per process (``facts``),
+    before TensorFlow starts where the data allows (``common.cli.prepare``), then carried by the run's plan
+    (``common.training.context.Plan``). An input function's are known only in the ranks (its pipeline's facts)."""
+
+    samples: int  # training samples
+    input_shape: tuple[int, ...]  # one sample's features
+    num_classes: int | None  # None: labels that are not class indices
+
+    def labels(self, job: Job) -> np.ndarray:
+        """A few training labels, the smallest and largest among them (integer labels): what the loss is checked
+        on."""
+        return label_sample(job, self.num_classes)
+
+
+def facts(job: Job) -> DataFacts:
+    """``dataset_info`` as the plan carries it (a user dataset function is called once per process)."""
+    return DataFacts(*dataset_info(job))
+
+
+def label_sample(job: Job, num_classes: int | None = None) -> np.ndarray:
+    """A few training labels, the smallest and largest among them (integer labels): what the loss is checked on.
+    ``num_classes``: a builtin dataset's, when known (else read from its files)."""
     if not usercode.is_ref(job.dataset):
-        _, _, classes = dataset_info(job)
+        classes = num_classes if num_classes is not None else dataset_info(job)[2]
         return np.array([0, (classes or 1) - 1], np.int32)
     y = usercode.load_data(job).y
     if np.issubdtype(y.dtype, np.integer) and y.ndim == 1:

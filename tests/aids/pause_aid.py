@@ -12,7 +12,7 @@ ENV = "TWINBENCH_TEST_PAUSE_BETWEEN_STEPS"  # seconds; unset or 0: no pause
 
 
 def patch(hooks_class: Any, seconds: float) -> None:
-    """Make every ``hooks_class`` (``common.training.loops.StepHooks``) sleep ``seconds`` at the end of each step."""
+    """Make every ``hooks_class`` (``common.training.hostsync.StepHooks``) sleep ``seconds`` at the end of each step."""
     step_ended = hooks_class.step_ended
 
     def pausing_step_ended(self: Any, dispatched: int) -> bool:

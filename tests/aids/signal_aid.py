@@ -14,7 +14,8 @@ ENV = "TWINBENCH_TEST_SIGNAL_AT_STEP"  # the global step (1-based count of steps
 
 
 def patch(hooks_class: Any, step: int) -> None:
-    """Make every ``hooks_class`` (``common.training.loops.StepHooks``) signal the chief after global step ``step``."""
+    """Make every ``hooks_class`` (``common.training.hostsync.StepHooks``) signal the chief after global step
+    ``step``."""
     sync_due, sync = hooks_class.sync_due, hooks_class.sync
 
     def signalling_sync_due(self: Any) -> bool:

@@ -1,8 +1,8 @@
 """Imported at start-up by every Python process the tests start (tests/aids is on their PYTHONPATH, tests/conftest.py
 ``base_env``). Each test aid asked for by its environment variable is installed on the twinbench module it patches
 as that module is imported; with none set it does nothing:
-- ``TWINBENCH_TEST_SIGNAL_AT_STEP``: ``signal_aid.patch`` on ``common.training.loops.StepHooks``;
-- ``TWINBENCH_TEST_PAUSE_BETWEEN_STEPS``: ``pause_aid.patch`` on ``common.training.loops.StepHooks``;
+- ``TWINBENCH_TEST_SIGNAL_AT_STEP``: ``signal_aid.patch`` on ``common.training.hostsync.StepHooks``;
+- ``TWINBENCH_TEST_PAUSE_BETWEEN_STEPS``: ``pause_aid.patch`` on ``common.training.hostsync.StepHooks``;
 - ``TWINBENCH_TEST_SLOW_INPUT``: ``slow_input_aid.patch`` on ``common.training.train``;
 - ``TWINBENCH_TEST_PROC_LOG``: ``proclog.install``, the process's line at exit (bench/suite_processes.py)."""
 
@@ -25,7 +25,7 @@ def _aid(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def _patch_loops(module: Any) -> None:
+def _patch_hooks(module: Any) -> None:
     if _STEP > 0:
         _aid("signal_aid").patch(module.StepHooks, _STEP)
     if _PAUSE > 0:
@@ -59,7 +59,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
 _PATCHES: dict[str, Callable[[Any], None]] = {}
 if _STEP > 0 or _PAUSE > 0:
-    _PATCHES["common.training.loops"] = _patch_loops
+    _PATCHES["common.training.hostsync"] = _patch_hooks
 if _SLOW > 0:
     _PATCHES["common.training.train"] = _patch_train
 if _PATCHES:
