@@ -27,7 +27,7 @@ import numpy as np
 
 from common.training import objective
 from common.training.context import RunContext
-from common.workload import usercode, usermodel
+from common.workload import usercode
 from common.workload.job import Job, given_keys
 
 # tf_keras' newer optimizers whose update is the legacy twin's (tf_keras/src/optimizers/{sgd,adam}.py against
@@ -107,9 +107,9 @@ def f32(x: float) -> float:
 
 
 def from_model(tf: Any, job: Job, model: Any) -> Compiled | None:
-    """The Compiled of a model ``usermodel.build_model`` returned compiled, checked against the job; None if it was
+    """The Compiled of a model ``usercode.build_model`` returned compiled, checked against the job; None if it was
     not compiled. UserCodeError (one line, exit 2) for what cannot be carried over or a job key that contradicts it."""
-    parts = usermodel.compiled_parts(model)
+    parts = usercode.compiled_parts(model)
     if parts is None:
         return None
     ref = job.model

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from common.core.errors import one_line
-from common.workload import lossspec, usercode
-from common.workload.job import DEFAULT_LOSS, Job
+from common.workload import usercode
+from common.workload.job import DEFAULT_LOSS, Job, loss_weights_of
 
 
 def per_example_loss(job: Job) -> Any:
@@ -159,7 +159,7 @@ def per_output_values(job: Job) -> Callable[[Any, Any], dict[str, Any]]:
     import tensorflow as tf
 
     losses = _per_output(job, tf.keras.losses.Reduction.NONE)
-    weights = lossspec.weights(job)
+    weights = loss_weights_of(job)
 
     def values(y: Any, out: Any) -> dict[str, Any]:
         return {name: loss(_match(y[name], out[name]), out[name]) * weights[name] for name, loss in losses.items()}

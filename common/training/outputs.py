@@ -1,6 +1,6 @@
 """Models with several outputs: the objective over the label and output structures, the same in every loop.
 
-Two ways to give the loss of such a model (the job keys: ``common/workload/lossspec.py``):
+Two ways to give the loss of such a model (the job keys: ``common/workload/job.py``):
 
 - ``loss = "package.module:function"``: ``fn(y_true, y_pred) -> [batch]`` gets the labels and the model's outputs
   in their structures (dicts, tuples) and returns one value per example. The custom loops call it as every
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from common.core.errors import one_line
-from common.workload import lossspec, usercode
-from common.workload.job import DEFAULT_LOSS, Job
+from common.workload import usercode
+from common.workload.job import DEFAULT_LOSS, Job, loss_weights_of
 
 
 def is_multi(model: Any) -> bool:
@@ -43,7 +43,7 @@ def compile_loss(job: Job, model: Any) -> dict[str, Any]:
     from common.training import objective
 
     if job.loss_per_output:
-        return {"loss": objective.fit_loss(job), "loss_weights": lossspec.weights(job)}
+        return {"loss": objective.fit_loss(job), "loss_weights": loss_weights_of(job)}
     if is_multi(model):
         return {"loss": None}
     return {"loss": objective.fit_loss(job)}

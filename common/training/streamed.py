@@ -18,7 +18,7 @@ from common.core.contract import Backend
 from common.core.errors import UsageError
 from common.training import evaluate
 from common.training.context import RunContext
-from common.workload import inputfn, usercode, usermodel
+from common.workload import inputfn, usercode
 from common.workload.job import Job
 
 
@@ -116,7 +116,7 @@ def build_model(job: Job, shapes: Any, num_classes: int | None) -> Any:
     from common.workload import models as models_mod
 
     if usercode.is_ref(job.model):  # shapes may be a dict or list of them, with None for variable lengths
-        model = usermodel.build_model(tf, job, shapes, num_classes)
+        model = usercode.build_model(tf, job, shapes, num_classes)
     else:
         model = models_mod.build_model(job, shapes, num_classes)
     check_model_inputs(job, model, shapes)
