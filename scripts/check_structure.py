@@ -12,7 +12,10 @@
   ``common.core.registry.load``, which imports a backend by the module name of its registry entry, at run time;
 - the objective has one home: in ``backends/`` and ``common/`` only ``common/training/objective.py`` constructs a
   Keras loss or scales a loss to the global batch (the benchmarks' plain loops and the tests write their own on
-  purpose).
+  purpose);
+- the step has one home: in ``backends/`` and ``common/`` only ``common/training/step.py`` opens a gradient tape or
+  applies and removes mixed precision's loss scale, so every loop (fit, the custom loop, the breakdown's probe,
+  parameter-server training) takes its gradients from the one ``ReplicaStep``.
 """
 
 from __future__ import annotations
@@ -192,6 +195,21 @@ OBJECTIVE_HOME = "common/training/objective.py"
 OBJECTIVE_NAMES = ("keras.losses", "nn.compute_average_loss", "nn.scale_regularization_loss")  # ...X, tf.nn.X
 
 
+STEP_HOME = "common/training/step.py"
+STEP_NAMES = ("GradientTape", "get_scaled_loss", "get_unscaled_gradients")  # tf.GradientTape, optimizer.X
+
+
+def step_outside_home(tree: ast.AST, where: str) -> list[str]:
+    """A gradient tape or the loss-scale pair outside STEP_HOME (in backends/ and common/)."""
+    if not where.startswith(("backends/", "common/")) or where == STEP_HOME:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in STEP_NAMES:
+            out.append(f"{where}:{node.lineno}: {ast.unparse(node)}: the step lives in {STEP_HOME}")
+    return out
+
+
 def objective_outside_home(tree: ast.AST, where: str) -> list[str]:
     """Calls that build the loss or scale it, outside OBJECTIVE_HOME (in backends/ and common/)."""
     if not where.startswith(("backends/", "common/")) or where == OBJECTIVE_HOME:
@@ -213,6 +231,7 @@ def main() -> int:
         tree = ast.parse(path.read_text(), filename=where)
         problems += long_functions(tree, where)
         problems += objective_outside_home(tree, where)
+        problems += step_outside_home(tree, where)
         problems += backend_by_name(tree, where)
         name = module_name(path)
         graph[name] = imports_of(tree, name, path.name == "__init__.py", known)

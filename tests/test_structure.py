@@ -88,6 +88,19 @@ def test_checker_finds_an_objective_outside_its_home():
         assert cs.objective_outside_home(ast.parse(src), home_or_free) == []
 
 
+def test_checker_finds_a_gradient_tape_outside_the_step():
+    """Only common/training/step.py opens a gradient tape or scales the loss for mixed precision (in backends/ and
+    common/): fit's train_step, the custom loop and the probes all take the one ReplicaStep."""
+    src = ("with tf.GradientTape() as tape:\n    s = opt.get_scaled_loss(loss)\n"
+           "g = opt.get_unscaled_gradients(tape.gradient(s, v))\nh = tape.gradient(loss, v)\n")
+    found = cs.step_outside_home(ast.parse(src), "common/training/loops.py")
+    assert sorted(f.split(": ")[0] for f in found) == ["common/training/loops.py:1", "common/training/loops.py:2",
+                                                        "common/training/loops.py:3"], found
+    assert all(f.endswith(": the step lives in common/training/step.py") for f in found)
+    for home_or_free in (cs.STEP_HOME, "bench/plain_loops.py", "tests/test_x.py"):
+        assert cs.step_outside_home(ast.parse(src), home_or_free) == []
+
+
 def _uses_slurm_fixture(fn: ast.FunctionDef) -> bool:
     """A test taking the session fixture ``cluster`` (not a parametrize argument of that name)."""
     params = {a.arg for a in fn.args.args}
