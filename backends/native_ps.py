@@ -69,7 +69,8 @@ def _worker_step(ctx: RunContext, strategy: Any, model: Any, optimizer: Any, wor
 
     # The shared step (common.training.step) over this worker's own batch: its update is applied alone, the mean over
     # its batch (all its local replicas), the objective Keras fit uses under this strategy too; regularisation
-    # counted once per worker step. Its optimizer reduces over the local replicas itself (step.optimizer_reduces).
+    # counted once per worker step. Its optimizer reduces over the local replicas itself
+    # (Capabilities.optimizer_reduces).
     replica_step = make_step(ctx, model, optimizer, worker_batch, replicas).run
 
     @tf.function

@@ -37,8 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from common.core.records import RecordError
-from common.core.results import RunRecord
+from common.core.results import RecordError, RunRecord
 
 PROG = "bench.ab_checkouts"
 DEMO_SETS = {"steps": "200", "timing_warmup_steps": "10"}  # scripts/demo.sh's STEPS and warm-up

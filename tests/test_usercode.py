@@ -180,7 +180,7 @@ def test_tf_dataset_is_materialised_and_loss_checks(tmp_path):
     tf = pytest.importorskip("tensorflow")
     from common.training import objective
 
-    pkg = tmp_path / "tfd"
+    pkg = tmp_path / "tfdmat"  # a name no other test of the worker imports (sys.modules keeps packages)
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "d.py").write_text(textwrap.dedent("""
@@ -197,14 +197,14 @@ def test_tf_dataset_is_materialised_and_loss_checks(tmp_path):
         def mapped():
             return tf.data.Dataset.from_tensor_slices((X, Y)).repeat().batch(4).map(lambda x, y: (x, y))
     """))
-    (tmp_path / "j.toml").write_text('pythonpath = ["."]\ndataset = "tfd.d:plain"\n')
+    (tmp_path / "j.toml").write_text('pythonpath = ["."]\ndataset = "tfdmat.d:plain"\n')
     job = load_job(tmp_path / "j.toml")
     data = usercode.load_data(job)
     assert data.x.shape == (20, 2) and (data.y == np.arange(20) % 3).all() and data.num_classes == 3
     for fn in ("batched", "endless"):  # their last batch() / repeat() removed: one pass of the 20 examples
-        assert usercode.load_data(load_job(tmp_path / "j.toml", [f"dataset=tfd.d:{fn}"])).x.shape == (20, 2)
+        assert usercode.load_data(load_job(tmp_path / "j.toml", [f"dataset=tfdmat.d:{fn}"])).x.shape == (20, 2)
     with pytest.raises(usercode.UserCodeError, match=r"is infinite and batched \(batch\(4\) under map\(\)\)"):
-        usercode.load_data(load_job(tmp_path / "j.toml", ["dataset=tfd.d:mapped"]))
+        usercode.load_data(load_job(tmp_path / "j.toml", ["dataset=tfdmat.d:mapped"]))
     # the loss against the model's output: one value per example, or one line naming the key
     mse = Job(loss="mse")
     objective.check_loss_takes(mse, (None, 1), np.zeros((2, 1), np.float32), None)
