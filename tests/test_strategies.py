@@ -169,7 +169,7 @@ def test_worker_slots_are_the_synchronous_pipelines():
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
-    from backends.native_input import worker_slots
+    from backends.native import worker_slots
     from common.workload.data import make_train_dataset
     from common.workload.job import load_job
 
