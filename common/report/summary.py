@@ -164,56 +164,6 @@ class Resources:
     gpu_hours_to_target: float | None = None  # GPUs x time to target
 
 
-def _peak(run: RunRecord, key: str) -> float | None:
-    """The largest rank's ``memory.<key>`` of a run (None: no rank recorded it)."""
-    m = run.machine if isinstance(run.machine, Mapping) else {}
-    vals = [v for x in section(m, "memory") if isinstance(x, Mapping) and (v := num(x.get(key))) is not None]
-    return max(vals) if vals else None
-
-
-def energy_joules(run: RunRecord) -> float | None:
-    """The run's GPU energy over its timed steps (``energy.gpu_joules``), None when not measured."""
-    e = run.energy if isinstance(run.energy, Mapping) else {}
-    return num(e.get("gpu_joules"))
-
-
-def timed_images(run: RunRecord) -> float | None:
-    """Images processed in the timed steps (global batch x timed steps)."""
-    steps = num(run.step_time.get("timed_steps"))
-    return float(run.global_batch_size) * steps if run.global_batch_size and steps else None
-
-
-def _per_image(run: RunRecord) -> float | None:
-    joules, images = energy_joules(run), timed_images(run)
-    return joules / images if joules is not None and images else None
-
-
-def _gpu_hours_per_epoch(run: RunRecord, gpus: int) -> float | None:
-    step = num(run.step_time.get("mean"))
-    return gpus * step * run.steps_per_epoch / 3600 if step is not None and run.steps_per_epoch else None
-
-
-def row_resources(runs: Sequence[RunRecord], on_gpu: bool) -> Resources:
-    """The Resources of one row's repeats; ``on_gpu``: the row ran on GPUs (one per replica)."""
-    gpu = median(_peak(r, "peak_gpu_bytes") for r in runs)
-    rss = median(_peak(r, "peak_rss_bytes") for r in runs)
-    mem, kind = (gpu, "GPU") if gpu is not None else (rss, "host RSS") if rss is not None else (None, None)
-    if not on_gpu:
-        return Resources(mem, kind)
-    ttt = [r.world_size * t / 3600 for r in runs if (t := num(r.time_to_target_s)) is not None]
-    return Resources(mem, kind, median(energy_joules(r) for r in runs), median(_per_image(r) for r in runs),
-                     median(_gpu_hours_per_epoch(r, r.world_size) for r in runs), median(ttt))
-
-
-def memory_text(res: Resources) -> str | None:
-    """e.g. "1.2 GiB GPU", "812 MiB host RSS"; None when not recorded."""
-    b = res.peak_memory_bytes
-    if b is None:
-        return None
-    size = f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
-    return f"{size} {res.memory_kind}"
-
-
 @dataclass
 class Row:
     """One backend x world size (x worker count, layout, machine) cell of a job's scaling table."""
@@ -295,6 +245,7 @@ class JobSummary:
         return SAMPLES if ":" in str(self.job.get("dataset", "")) else IMAGES
 
 
+# -- how a run is labelled: the row it joins ---------------------------------------------------------------------------
 def order_backends(names: Iterable[str]) -> list[str]:
     """The registry's backends in its order, then any other backend found in results, sorted."""
     names = set(names)
@@ -330,27 +281,122 @@ def cpu_run(run: RunRecord) -> bool:
     return bool(devs) and all(str(d).lower().startswith(("cpu", "/physical_device:cpu", "/cpu")) for d in devs)
 
 
-def from_runs(read: Callable[[RunRecord], Any],
-              combine: Callable[[list[Any]], Any] = median) -> Callable[[Row], Any]:
-    """A column's value (document.Column) from the row's runs: ``read`` of each repeat's record, then ``combine`` over
-    the repeats (default: the median of the numbers, None when no run holds one). A figure the ranks write into
-    ``RunRecord`` reaches the report's md, html and csv by one Column line with this as its value."""
-    return lambda row: combine([read(r) for r in row.runs])
+# -- a row and its figures, from its repeats' records ------------------------------------------------------------------
+def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
+    """The row of ``runs`` (one label, machine, world size, layout and worker count)."""
+    recs = [r.record for r in runs]
+    first = recs[0]
+    gpu = any(gpu_run(r) for r in recs)
+    ips = [float(r.images_per_sec) for r in recs]
+    used = sorted({c for r in recs if (c := r.collective_used)})
+    gbs = Counter(r.global_batch_size for r in recs if isinstance(r.global_batch_size, int))
+    hw = key.hardware
+    identity = Identity(
+        label=f"{label} [{key.suffix()}]" if key.suffix() else label, backend=str(first.backend),
+        world_size=first.world_size, num_workers=first.num_workers, layout=runs[0].layout.text, plain=label,
+        series=f"{label} [{hw}]" if hw else label, variant=first.tuning_variant,  # one label, one variant
+        comparable=first.strategy is None and first.asynchronous is not True,
+        family=" ".join(p for p in (row_label(first, tuning=False), f"[{key.suffix()}]" if key.suffix() else "") if p))
+    return Row(
+        identity=identity,
+        machine=Machine(key.suffix(), hw, key.nodes, gpu),
+        throughput=Throughput(ips, statistics.median(ips), median_interval(ips)),
+        steps=_step_times(recs),
+        facts=RunFacts(gbs.most_common(1)[0][0] if gbs else None, median(_final_loss(r) for r in recs),
+                       ", ".join(used) if used else None, [r.path or "?" for r in runs],
+                       sum(same_first_batches(r) for r in recs), [r.nccl_transport for r in recs],
+                       [(_round_of(r.path), r.record.nodelist) for r in runs]),
+        input=_input_wait(recs),
+        validation=row_validation(recs),
+        resources=row_resources(recs, gpu),
+        runs=recs,
+    )
 
 
-def input_text(row: Row) -> str:
-    """The row's input-wait cell, e.g. "0.4% kept up", "23% highly input-bound", "48% input + between steps"."""
-    i = row.input
-    if i.method is None or i.fraction is None:
-        return NA
-    share = f"{100 * i.fraction:.1f}%"
-    if i.method == "fetch":
-        return f"{share} {i.verdict}" if i.verdict else share
-    what = f"{share} input + between steps" if i.method == "gap" else f"{share} ({i.method})"
-    return f"{what}: kept up" if i.verdict == "kept up" else what
+def _final_loss(run: RunRecord) -> float | None:
+    return num(run.step_losses[-1]) if isinstance(run.step_losses, list) and run.step_losses else None
 
 
-# -- validation ----------------------------------------------------------------------------------------------------
+def _step_times(runs: list[RunRecord]) -> StepTimes:
+    return StepTimes(p50=median(num(r.step_time.get("median")) for r in runs),
+                     p95=median(num(r.step_time.get("p95")) for r in runs))
+
+
+def _round_of(path: str | None) -> str | None:
+    """A sweep run's round, from its run directory (``<variant>-<layout>-r<k>``, common.sweep); None elsewhere."""
+    m = re.search(r"-r(\d+)$", Path(path).parent.name) if path else None
+    return m.group(1) if m else None
+
+
+def same_first_batches(run: RunRecord) -> bool:
+    """The run's ranks (two or more) all got the same first batches: the fingerprints an input function's runs record
+    per rank (``input.pipeline.per_rank``) are all equal, so its workers trained on the same data."""
+    pipeline = run.input.get("pipeline") if isinstance(run.input, Mapping) else None
+    per_rank = pipeline.get("per_rank") if isinstance(pipeline, Mapping) else None
+    prints = [r.get("fingerprint") for r in per_rank if isinstance(r, Mapping)] if isinstance(per_rank, list) else []
+    return len(prints) > 1 and None not in prints and len(set(map(str, prints))) == 1
+
+
+def _input_wait(runs: list[RunRecord]) -> InputWait:
+    """The row's input wait (``RunRecord.input``): method, median share over repeats, and the verdict all repeats
+    support (the worst one: a row is "kept up" only if every repeat kept up)."""
+    measured = [i for r in runs if isinstance(i := r.input, Mapping) and i.get("method")]
+    if not measured:
+        return InputWait()
+    methods = {str(i["method"]) for i in measured}
+    kept = [i.get("kept_up") for i in measured]
+    verdict = None
+    if all(k is True for k in kept) and len(measured) == len(runs):
+        verdict = "kept up"
+    elif False in kept:
+        verdict = "highly input-bound" if any(i.get("input_bound") == "highly" for i in measured) \
+            else "moderately input-bound"
+    return InputWait(methods.pop() if len(methods) == 1 else "mixed",
+                     median(num(i.get("wait_fraction")) for i in measured), verdict)
+
+
+def _peak(run: RunRecord, key: str) -> float | None:
+    """The largest rank's ``memory.<key>`` of a run (None: no rank recorded it)."""
+    m = run.machine if isinstance(run.machine, Mapping) else {}
+    vals = [v for x in section(m, "memory") if isinstance(x, Mapping) and (v := num(x.get(key))) is not None]
+    return max(vals) if vals else None
+
+
+def energy_joules(run: RunRecord) -> float | None:
+    """The run's GPU energy over its timed steps (``energy.gpu_joules``), None when not measured."""
+    e = run.energy if isinstance(run.energy, Mapping) else {}
+    return num(e.get("gpu_joules"))
+
+
+def timed_images(run: RunRecord) -> float | None:
+    """Images processed in the timed steps (global batch x timed steps)."""
+    steps = num(run.step_time.get("timed_steps"))
+    return float(run.global_batch_size) * steps if run.global_batch_size and steps else None
+
+
+def _per_image(run: RunRecord) -> float | None:
+    joules, images = energy_joules(run), timed_images(run)
+    return joules / images if joules is not None and images else None
+
+
+def _gpu_hours_per_epoch(run: RunRecord, gpus: int) -> float | None:
+    step = num(run.step_time.get("mean"))
+    return gpus * step * run.steps_per_epoch / 3600 if step is not None and run.steps_per_epoch else None
+
+
+def row_resources(runs: Sequence[RunRecord], on_gpu: bool) -> Resources:
+    """The Resources of one row's repeats; ``on_gpu``: the row ran on GPUs (one per replica)."""
+    gpu = median(_peak(r, "peak_gpu_bytes") for r in runs)
+    rss = median(_peak(r, "peak_rss_bytes") for r in runs)
+    mem, kind = (gpu, "GPU") if gpu is not None else (rss, "host RSS") if rss is not None else (None, None)
+    if not on_gpu:
+        return Resources(mem, kind)
+    ttt = [r.world_size * t / 3600 for r in runs if (t := num(r.time_to_target_s)) is not None]
+    return Resources(mem, kind, median(energy_joules(r) for r in runs), median(_per_image(r) for r in runs),
+                     median(_gpu_hours_per_epoch(r, r.world_size) for r in runs), median(ttt))
+
+
+# -- validation --------------------------------------------------------------------------------------------------------
 # What the section says about its numbers (rendered once, under the table).
 TTT_METHOD = (
     "time to target = wall time from the first training step to the end of the first evaluation at which the job's "
@@ -398,85 +444,37 @@ def validation_names(runs: Sequence[RunRecord]) -> list[str]:
     return sorted(names, key=lambda k: (k != "loss", k))
 
 
-def same_first_batches(run: RunRecord) -> bool:
-    """The run's ranks (two or more) all got the same first batches: the fingerprints an input function's runs record
-    per rank (``input.pipeline.per_rank``) are all equal, so its workers trained on the same data."""
-    pipeline = run.input.get("pipeline") if isinstance(run.input, Mapping) else None
-    per_rank = pipeline.get("per_rank") if isinstance(pipeline, Mapping) else None
-    prints = [r.get("fingerprint") for r in per_rank if isinstance(r, Mapping)] if isinstance(per_rank, list) else []
-    return len(prints) > 1 and None not in prints and len(set(map(str, prints))) == 1
+# -- a row's cells (document.COLUMNS) ----------------------------------------------------------------------------------
+def from_runs(read: Callable[[RunRecord], Any],
+              combine: Callable[[list[Any]], Any] = median) -> Callable[[Row], Any]:
+    """A column's value (document.Column) from the row's runs: ``read`` of each repeat's record, then ``combine`` over
+    the repeats (default: the median of the numbers, None when no run holds one). A figure the ranks write into
+    ``RunRecord`` reaches the report's md, html and csv by one Column line with this as its value."""
+    return lambda row: combine([read(r) for r in row.runs])
 
 
-# -- summarising: rows, speedups, ratios ------------------------------------------------------------------------
-def _final_loss(run: RunRecord) -> float | None:
-    return num(run.step_losses[-1]) if isinstance(run.step_losses, list) and run.step_losses else None
+def input_text(row: Row) -> str:
+    """The row's input-wait cell, e.g. "0.4% kept up", "23% highly input-bound", "48% input + between steps"."""
+    i = row.input
+    if i.method is None or i.fraction is None:
+        return NA
+    share = f"{100 * i.fraction:.1f}%"
+    if i.method == "fetch":
+        return f"{share} {i.verdict}" if i.verdict else share
+    what = f"{share} input + between steps" if i.method == "gap" else f"{share} ({i.method})"
+    return f"{what}: kept up" if i.verdict == "kept up" else what
 
 
-def _step_times(runs: list[RunRecord]) -> StepTimes:
-    return StepTimes(p50=median(num(r.step_time.get("median")) for r in runs),
-                     p95=median(num(r.step_time.get("p95")) for r in runs))
-
-
-def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
-    """The row of ``runs`` (one label, machine, world size, layout and worker count)."""
-    recs = [r.record for r in runs]
-    first = recs[0]
-    gpu = any(gpu_run(r) for r in recs)
-    ips = [float(r.images_per_sec) for r in recs]
-    used = sorted({c for r in recs if (c := r.collective_used)})
-    gbs = Counter(r.global_batch_size for r in recs if isinstance(r.global_batch_size, int))
-    hw = key.hardware
-    identity = Identity(
-        label=f"{label} [{key.suffix()}]" if key.suffix() else label, backend=str(first.backend),
-        world_size=first.world_size, num_workers=first.num_workers, layout=runs[0].layout.text, plain=label,
-        series=f"{label} [{hw}]" if hw else label, variant=first.tuning_variant,  # one label, one variant
-        comparable=first.strategy is None and first.asynchronous is not True,
-        family=" ".join(p for p in (row_label(first, tuning=False), f"[{key.suffix()}]" if key.suffix() else "") if p))
-    return Row(
-        identity=identity,
-        machine=Machine(key.suffix(), hw, key.nodes, gpu),
-        throughput=Throughput(ips, statistics.median(ips), median_interval(ips)),
-        steps=_step_times(recs),
-        facts=RunFacts(gbs.most_common(1)[0][0] if gbs else None, median(_final_loss(r) for r in recs),
-                       ", ".join(used) if used else None, [r.path or "?" for r in runs],
-                       sum(same_first_batches(r) for r in recs), [r.nccl_transport for r in recs],
-                       [(_round_of(r.path), r.record.nodelist) for r in runs]),
-        input=_input_wait(recs),
-        validation=row_validation(recs),
-        resources=row_resources(recs, gpu),
-        runs=recs,
-    )
-
-
-def _input_wait(runs: list[RunRecord]) -> InputWait:
-    """The row's input wait (``RunRecord.input``): method, median share over repeats, and the verdict all repeats
-    support (the worst one: a row is "kept up" only if every repeat kept up)."""
-    measured = [i for r in runs if isinstance(i := r.input, Mapping) and i.get("method")]
-    if not measured:
-        return InputWait()
-    methods = {str(i["method"]) for i in measured}
-    kept = [i.get("kept_up") for i in measured]
-    verdict = None
-    if all(k is True for k in kept) and len(measured) == len(runs):
-        verdict = "kept up"
-    elif False in kept:
-        verdict = "highly input-bound" if any(i.get("input_bound") == "highly" for i in measured) \
-            else "moderately input-bound"
-    return InputWait(methods.pop() if len(methods) == 1 else "mixed",
-                     median(num(i.get("wait_fraction")) for i in measured), verdict)
-
-
-def collectives_caveat(den: Row, num: Row) -> str | None:
-    """Why a ratio of these rows does not compare like for like, or None: on GPUs, NCCL on one side only (e.g.
-    native ring, whose gRPC collectives go through host memory, against Horovod's NCCL)."""
-    dc, nc = den.facts.collective, num.facts.collective
-    if not (den.machine.gpu or num.machine.gpu) or dc is None or nc is None:
+def memory_text(res: Resources) -> str | None:
+    """e.g. "1.2 GiB GPU", "812 MiB host RSS"; None when not recorded."""
+    b = res.peak_memory_bytes
+    if b is None:
         return None
-    if (dc == "nccl") == (nc == "nccl"):
-        return None
-    return f"{RATIO_DEN} {dc} vs {RATIO_NUM} {nc} on GPUs"
+    size = f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
+    return f"{size} {res.memory_kind}"
 
 
+# -- summarising: rows, speedups, ratios -------------------------------------------------------------------------------
 def _rows(runs: list[LoadedRun]) -> list[Row]:
     """One row per backend (row label) x machine (common.report.machines) x world size x worker count, in table
     order: runs on different CPU or GPU models, or on different node counts, never share a row."""
@@ -529,12 +527,6 @@ def _pair_machine(d: Row | None, n: Row | None, several: bool) -> str:
     return ", ".join(p for p in (m.hardware, nodes_text(m.nodes) if m.nodes is not None else "") if p)
 
 
-def _round_of(path: str | None) -> str | None:
-    """A sweep run's round, from its run directory (``<variant>-<layout>-r<k>``, common.sweep); None elsewhere."""
-    m = re.search(r"-r(\d+)$", Path(path).parent.name) if path else None
-    return m.group(1) if m else None
-
-
 def _pairing(d: Row, n: Row) -> tuple[str | None, list[tuple[float, float]]]:
     """Whether both rows' runs of each round ran on the same nodes ("every round", "some rounds", "no"; None when no
     run recorded its nodes), and the (numerator, denominator) throughput of every round that did."""
@@ -570,6 +562,17 @@ def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow
                     den_collective=d.facts.collective if d else None, num_collective=n.facts.collective if n else None,
                     caveat=collectives_caveat(d, n) if d and n else None, same_nodes=same, paired=paired,
                     den_row=d, num_row=n)
+
+
+def collectives_caveat(den: Row, num: Row) -> str | None:
+    """Why a ratio of these rows does not compare like for like, or None: on GPUs, NCCL on one side only (e.g.
+    native ring, whose gRPC collectives go through host memory, against Horovod's NCCL)."""
+    dc, nc = den.facts.collective, num.facts.collective
+    if not (den.machine.gpu or num.machine.gpu) or dc is None or nc is None:
+        return None
+    if (dc == "nccl") == (nc == "nccl"):
+        return None
+    return f"{RATIO_DEN} {dc} vs {RATIO_NUM} {nc} on GPUs"
 
 
 def _pair_note(ws: int, d: Row, n: Row) -> str | None:
@@ -659,7 +662,7 @@ def summarize(runs: Iterable[LoadedRun | RunRecord | Mapping[str, Any]]) -> list
     return sorted(out, key=lambda s: (s.name, s.job_hash))
 
 
-# -- the notes under a job's tables --------------------------------------------------------------------------------
+# -- the notes under a job's tables ------------------------------------------------------------------------------------
 def run_notes(job: Mapping[str, Any], runs: Sequence[LoadedRun], rows: list[Row], notes: list[str]) -> None:
     """Notes on single repeats, inconsistent batch sizes or weights, and differing software versions."""
     if any(r.throughput.repeats == 1 for r in rows):
@@ -797,7 +800,7 @@ def _layout_notes(runs: Sequence[LoadedRun], notes: list[str]) -> None:
                          f"{la[-1]:.4g} vs {lb[-1]:.4g}){why}")
 
 
-# -- selection: which jobs are reported, refusing to compare different jobs or mixed versions --------------------
+# -- selection: which jobs are reported, refusing to compare different jobs or mixed versions --------------------------
 def check_versions(summaries: Sequence[JobSummary], *, allow_mixed: bool,
                    warn: Callable[[str], None] = warn) -> None:
     """Refuse (MixedVersionsError, the first such job) a comparison whose runs mix software versions, or, when
