@@ -5,7 +5,20 @@ when the step has more than one task; otherwise a single worker. ``--nproc N`` s
 generated ``TF_CONFIG`` on free loopback ports (like ``torchrun --standalone``); with ``--strategy parameter_server
 --ps P`` it starts a chief, N workers and P parameter servers instead. In parameter-server training only the chief
 trains (``backends.native_ps``, the loop ``NativeBackend.train_loop`` supplies); workers and parameter servers run
-TensorFlow servers until the chief has gone. Each strategy is made in ``backends.native_strategy``.
+TensorFlow servers until the chief has gone.
+
+The strategy, one per ``--strategy``, made before any other TensorFlow op (``make_strategy``), with what the backend
+records of it (the collective, the cluster, rank, workers, replicas per worker, the device):
+
+- mwms: MultiWorkerMirroredStrategy, one worker per device, its collective chosen here (``resolve_comm``) with the
+  ``CommunicationOptions`` knobs; the cluster from TF_CONFIG, Slurm (``backends.native_cluster``) or one worker;
+- mirrored, central_storage: one process driving every local device (variables on the host for central_storage);
+- one_device: the 1-GPU baseline;
+- parameter_server: the chief of a parameter-server cluster (its role from ``backends.native_cluster``), which
+  computes nothing and schedules the workers' steps (``backends.native_ps``).
+
+The input (``NativeBackend.make_dataset``): a one-replica worker's own pipeline (``per_worker_dataset``), the
+distributed input for several local replicas, and each parameter-server worker's slots (``coordinator_dataset_fn``).
 """
 
 from __future__ import annotations
@@ -15,24 +28,17 @@ import time
 T0 = time.time()  # process start, for time-to-first-step (TF import counts: users pay it too)
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
 from typing import Any  # noqa: E402
 
-from backends import entrypoint, native_cluster, native_strategy  # noqa: E402
-from backends.native_input import coordinator_dataset_fn, per_worker_dataset  # noqa: E402
-from backends.native_strategy import (  # noqa: E402
-    ALL_LOCAL_DEVICES,
-    CENTRAL_VARIABLES,
-    COMMS,
-    STRATEGIES,
-    breakdown_problem,
-)
+from backends import entrypoint, native_cluster  # noqa: E402
 from common import cli  # noqa: E402
-from common.cluster.placement import configure_threads, pin_one_gpu  # noqa: E402
+from common.cluster.placement import Pinning, configure_threads, pin_one_gpu  # noqa: E402
 from common.core.contract import (  # noqa: E402
     Backend,
     BaseOptions,
@@ -47,6 +53,11 @@ from common.core.contract import (  # noqa: E402
 from common.core.errors import UsageError  # noqa: E402
 from common.training import keras3  # noqa: E402
 
+STRATEGIES = ("mwms", "mirrored", "one_device", "central_storage", "parameter_server")
+ALL_LOCAL_DEVICES = ("mirrored", "central_storage")  # one process driving every local device (nothing to pin)
+COMMS = ("auto", "ring", "nccl")
+CENTRAL_VARIABLES = "/cpu:0"  # central_storage keeps the variables on the host, whatever the GPU count (see below)
+BREAKDOWN_STRATEGIES = ("mwms", "one_device")  # one replica per process: the phases are that process's
 PROG = "backends.native"
 EXIT_BARRIER_MS = 30_000  # ms to wait for peers at exit: they are all past their last collective within a second
 
@@ -120,6 +131,160 @@ def doctor(tf_version: str | None) -> Diagnosis:
     return Diagnosis(True, "ok", {}, [])
 
 
+# -- the strategy -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Made:
+    """A strategy just created, and what the backend records of it."""
+
+    strategy: Any
+    rank: int
+    num_workers: int
+    replicas_per_worker: int
+    device: str  # the record's device label
+    collective: Collective | None = None  # None: no collective of its own (one device, no peer)
+    cluster: dict[str, Any] = field(default_factory=dict)
+    cluster_source: str | None = None  # None: where the backend found its cluster (TF_CONFIG, or a single worker)
+
+
+def make_strategy(tf: Any, o: Options, gpus: list[Any], pin: Pinning) -> Made:
+    """Create ``o.strategy`` (before any other TF op) on this worker's ``gpus``, ``pin`` being its GPU binding."""
+    if o.strategy == "mwms":
+        collective = resolve_comm(o.comm, bool(gpus))
+        strategy, source = mwms(tf, o, gpus, collective)
+        workers = strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [])
+        num_workers = max(len(workers), 1)
+        return Made(strategy, int(strategy.cluster_resolver.task_id or 0), num_workers,
+                    strategy.num_replicas_in_sync // num_workers, pin.label(), collective, {"workers": workers},
+                    source)
+    if o.strategy == "parameter_server":
+        return parameter_server_chief(tf, o, pin)
+    if o.strategy in ALL_LOCAL_DEVICES:
+        devices = [d.name for d in tf.config.list_logical_devices("GPU")] or \
+                  [d.name for d in tf.config.list_logical_devices("CPU")]
+        if o.strategy == "mirrored":
+            strategy = tf.distribute.MirroredStrategy(devices=devices)
+        else:
+            # One copy of each variable, on the host; every local device computes with it. Pinned here because
+            # TF's own default (tensorflow/python/distribute/central_storage_strategy.py, CentralStorageStrategy
+            # .__init__) is the GPU itself when there is only one, which would make a 1-GPU run another strategy.
+            strategy = tf.distribute.experimental.CentralStorageStrategy(
+                compute_devices=devices, parameter_device=CENTRAL_VARIABLES)
+        collective = Collective(o.comm, "in-process", f"{o.strategy}: one process reduces across its local devices")
+        return Made(strategy, 0, 1, strategy.num_replicas_in_sync, replace(pin, device=",".join(devices)).label(),
+                    collective)
+    one = "/gpu:0" if gpus else "/cpu:0"
+    return Made(tf.distribute.OneDeviceStrategy(one), 0, 1, 1, replace(pin, device=one).label())
+
+
+def parameter_server_chief(tf: Any, o: Options, pin: Pinning) -> Made:
+    """The chief of a parameter-server cluster: it creates the variables on the ps and schedules the steps."""
+    role = native_cluster.ps_role(o.ps, o.port_base)
+    collective = Collective(o.comm, "parameter servers (gRPC)",
+                            "parameter-server training: variables live on the parameter servers")
+    tf.config.set_visible_devices([], "GPU")  # the chief computes nothing: leave its node's GPUs to workers
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(role.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    # num_replicas_in_sync: the GPUs of one worker (1 on CPU workers); the workers step independently
+    return Made(strategy, 0, len(role.cluster["worker"]), strategy.num_replicas_in_sync,
+                replace(pin, device="coordinator (no compute)").label(), collective, role.cluster, role.source)
+
+
+def mwms(tf: Any, o: Options, gpus: list[Any], collective: Collective) -> tuple[Any, str | None]:
+    """MultiWorkerMirroredStrategy with ``collective``'s implementation and the CommunicationOptions knobs, and
+    where its cluster came from when Slurm gave it (None: TF_CONFIG or a single worker)."""
+    impl = tf.distribute.experimental.CommunicationImplementation
+    if o.comm == "nccl" and collective.used != "nccl":
+        print(f"[{PROG}] warning: --comm nccl needs GPUs and none is visible; using RING (gRPC) collectives",
+              file=sys.stderr, flush=True)
+    # Never impl.AUTO: in TF 2.21 it reaches the runtime as the hint "auto", and the runtime then picks NCCL
+    # only if ConfigProto.experimental.collective_nccl is set, which MWMS sets for impl.NCCL alone
+    # (collective_param_resolver_local.cc AssignCollectiveType; collective_all_reduce_strategy.py
+    # _update_config_proto): AUTO is RING on GPUs. So twinbench decides, before the strategy exists.
+    choice = impl.NCCL if collective.used == "nccl" else impl.RING
+    options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=o.bytes_per_pack, timeout_seconds=o.comm_timeout or None, implementation=choice)
+    resolver, source = None, None
+    if native_cluster.multi_task_slurm_step():
+        resolver, source = native_cluster.slurm_resolver(tf, o.port_base, o.gpus_per_node, len(gpus), PROG)
+    # Must come before any other TF op: MWMS configures the runtime's collective ops when created.
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options), source
+
+
+def resolve_comm(requested: str, has_gpu: bool) -> Collective:
+    """The MWMS collective implementation for ``--comm``: ``auto`` is NCCL when this worker has a GPU, else RING;
+    ``nccl`` without a GPU falls back to RING (NCCL cannot reduce host tensors)."""
+    if requested == "ring":
+        return Collective(requested, "ring", "--comm ring")
+    if has_gpu:
+        why = "--comm nccl" if requested == "nccl" else "--comm auto and this worker has a GPU"
+        return Collective(requested, "nccl", why)
+    why = "--comm nccl but no GPU is visible" if requested == "nccl" else "--comm auto and no GPU is visible"
+    return Collective(requested, "ring", why)
+
+
+def breakdown_problem(strategy: str) -> str | None:
+    """Why ``--diagnose breakdown`` cannot run with ``strategy`` (one line), or None."""
+    if strategy in BREAKDOWN_STRATEGIES:
+        return None
+    return (f"--diagnose breakdown splits the synchronous all-reduce step into phases: --strategy "
+            f"{' or '.join(BREAKDOWN_STRATEGIES)}, not {strategy}")
+
+
+# -- the input --------------------------------------------------------------------------------------------------------
+@functools.cache
+def _per_worker_dataset_class() -> type:
+    import tensorflow as tf
+
+    class PerWorkerDataset(tf.distribute.DistributedDataset):
+        """This worker's own ``tf.data.Dataset`` (a worker with one replica), presented as a
+        ``tf.distribute.DistributedDataset`` so that Keras ``fit`` takes it as already distributed: it would
+        otherwise distribute it again, through the MultiDeviceIterator. Iterating it iterates the dataset: ``next``
+        gives plain tensors, which ``strategy.run`` hands to the worker's single replica as they are."""
+
+        def __init__(self, dataset: Any) -> None:
+            self.dataset = dataset
+
+        def __iter__(self) -> Any:
+            return iter(self.dataset)
+
+        @property
+        def element_spec(self) -> Any:
+            return self.dataset.element_spec
+
+    return PerWorkerDataset
+
+
+def per_worker_dataset(dataset: Any) -> Any:
+    """``dataset`` as the input of a one-replica worker (``PerWorkerDataset``)."""
+    return _per_worker_dataset_class()(dataset)
+
+
+def worker_slots(ds: Any, workers: int, per: int, index: Any) -> Any:
+    """From every replica slot of each global batch (in slot order), worker ``index``'s ``per`` slots: what
+    ``common.workload.data`` gives pipeline ``index`` of ``workers`` pipelines with ``per`` replicas each."""
+    if per == 1:
+        return ds.shard(workers, index)
+    return ds.batch(per, drop_remainder=True).shard(workers, index).unbatch()
+
+
+def coordinator_dataset_fn(dataset_fn: Callable[[int, int, int], Any], workers: int, per: int) -> Callable[[Any], Any]:
+    """``input_context -> tf.data.Dataset`` run on each worker of parameter-server training: its slots of every
+    global batch (``backends.native_ps`` creates it on every worker through the coordinator).
+
+    The coordinator traces it once for all workers, so the worker's index is a tensor known only when it
+    runs there: build every slot of each global batch (``common.workload.data``'s order), keep the worker's share.
+    The cost: each worker prepares the whole global batch and keeps 1/W of it.
+    """
+    import tensorflow as tf
+
+    def fn(input_context: Any) -> Any:
+        ds = dataset_fn(0, 1, workers * per)  # one pipeline feeding every replica slot, in slot order
+        return worker_slots(ds, workers, per, tf.distribute.coordinator.experimental_get_current_worker_index())
+
+    return fn
+
+
 class NativeBackend(Backend):
     name = "native"
 
@@ -150,7 +315,7 @@ class NativeBackend(Backend):
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
                 cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(o.logical_cpus)])
-        made = native_strategy.make_strategy(tf, o, gpus, pin, PROG)
+        made = make_strategy(tf, o, gpus, pin)
         self.strategy, self.cluster = made.strategy, made.cluster
         self._collective = made.collective or self._collective
         self.cluster_source = made.cluster_source or self.cluster_source

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from backends import native, native_strategy
+from backends import native
 from common.cluster.placement import Pinning
 from common.core.contract import Collective, RankInfo, tuning_record
 from tests.conftest import PY, SMOKE, first_divergence, run
@@ -17,7 +17,7 @@ from tests.conftest import PY, SMOKE, first_divergence, run
     ("ring", True, "ring"), ("ring", False, "ring"),
 ])
 def test_resolve_comm(requested, has_gpu, used):
-    got = native_strategy.resolve_comm(requested, has_gpu)
+    got = native.resolve_comm(requested, has_gpu)
     assert (got.requested, got.used) == (requested, used) and got.reason
 
 
@@ -50,11 +50,11 @@ def test_auto_gives_mwms_nccl_with_a_gpu_and_ring_without(monkeypatch, gpus, imp
     monkeypatch.delenv("SLURM_NTASKS", raising=False)
     opts = native.Options(comm="auto", bytes_per_pack=1 << 20, comm_timeout=30.0)
     with pytest.raises(_Captured) as got:
-        native_strategy.make_strategy(_fake_tf(tf), opts, gpus, Pinning("cpu", None, None), native.PROG)
+        native.make_strategy(_fake_tf(tf), opts, gpus, Pinning("cpu", None, None))
     options = got.value.args[0]
     assert options.implementation == getattr(tf.distribute.experimental.CommunicationImplementation, impl)
     assert options.bytes_per_pack == 1 << 20 and options.timeout_seconds == 30.0
-    assert native_strategy.resolve_comm("auto", bool(gpus)).used == impl.lower()
+    assert native.resolve_comm("auto", bool(gpus)).used == impl.lower()
 
 
 def test_knobs_record_values_defaults_and_variant():

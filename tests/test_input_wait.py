@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from common.report.render import format_csv, format_section
-from common.report.rows import input_text
-from common.report.summary import summarize
+from common.report.summary import input_text, summarize
 from tests.conftest import backend_cmd, base_env, only_result, pause_vars, run, slow_input_vars
 from tests.test_report import make_run
 

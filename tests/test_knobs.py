@@ -17,8 +17,7 @@ from backends import horovod, horovod_knobs
 from common.core.contract import Knob, tuning_record
 from common.report.build import ReportOptions, build_report
 from common.report.load import load_runs
-from common.report.rows import row_label
-from common.report.summary import summarize
+from common.report.summary import row_label, summarize
 from common.sweep import cli, plan, slurm
 from tests.conftest import SMOKE
 from tests.test_report import make_run, md_row, put, record

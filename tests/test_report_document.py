@@ -21,8 +21,7 @@ from common.report import document
 from common.report.build import ReportOptions, build_report
 from common.report.document import Column, number
 from common.report.load import load_runs, recompute_job_hash
-from common.report.rows import JobSummary, from_runs
-from common.report.summary import summarize
+from common.report.summary import JobSummary, from_runs, summarize
 from common.workload.job import Job
 from tests.test_report import make_run, put
 from tests.test_report_model import GRAD, bench

@@ -87,7 +87,7 @@ def test_the_report_reads_the_typed_capabilities_and_only_displays_backend_info(
     from common.core.results import AllreduceRecord
     from common.report.model import allreduce_part
     from common.report.render import markdown
-    from common.report.rows import row_label
+    from common.report.summary import row_label
 
     def format_allreduce(benches: list[AllreduceRecord]) -> str:
         return markdown(allreduce_part(benches))

@@ -26,8 +26,8 @@ from common.core.results import RunRecord, write_record
 from common.report import document, load
 from common.report.build import ReportOptions, build_report
 from common.report.document import Column, number
-from common.report.rows import from_runs
 from common.report.stats import num
+from common.report.summary import from_runs
 from tests.test_report import make_run, put
 
 

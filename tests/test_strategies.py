@@ -19,8 +19,7 @@ from common.core.errors import UsageError
 from common.core.results import RunRecord
 from common.report.load import load_runs
 from common.report.render import format_section
-from common.report.rows import row_label
-from common.report.summary import summarize
+from common.report.summary import row_label, summarize
 from tests.conftest import PY, REPO, SMOKE, base_env, only_result, run, signal_env
 
 PS_TF_CONFIG = ('{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, '
@@ -170,7 +169,7 @@ def test_worker_slots_are_the_synchronous_pipelines():
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
-    from backends.native_input import worker_slots
+    from backends.native import worker_slots
     from common.workload.data import make_train_dataset
     from common.workload.job import load_job
 

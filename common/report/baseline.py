@@ -22,8 +22,8 @@ from common.report.base import NA, fmt_value
 from common.report.converge import parse_width, percent
 from common.report.document import Block, Heading, Para, table
 from common.report.load import versions_by_key
-from common.report.rows import JobSummary, Row
 from common.report.stats import NEEDS_RUNS, ratio_interval
+from common.report.summary import JobSummary, Row
 
 EXIT_SLOWER = 4  # a cell is slower than the baseline beyond the tolerance
 EXIT_UNCOMPARED = 5  # no cell is slower, but a cell of NEW or OLD has no counterpart: not a pass

@@ -16,21 +16,19 @@ from common.report.base import ReportError, warn
 from common.report.baseline import Baseline, baseline_part, compare
 from common.report.document import Block, report
 from common.report.load import (
+    LoadedRun,
     PathArg,
-    check_versions,
     load_allreduce,
     load_breakdowns,
     load_set,
     result_files,
     roots,
-    select_jobs,
     sort_allreduce,
 )
 from common.report.migrate import MIGRATION_CSV, load_checks, migration_part
 from common.report.model import allreduce_part, breakdown_cells, breakdown_part, format_model
 from common.report.render import plot_allreduce, plot_breakdown, plot_job
-from common.report.rows import JobSummary, LoadedRun
-from common.report.summary import summarize
+from common.report.summary import JobSummary, check_versions, select_jobs, summarize
 
 __all__ = ["Report", "ReportOptions", "build_report", "load_set"]  # load_set: the sweep's status reads it here
 

@@ -12,9 +12,9 @@ from common.report.base import ReportError
 from common.report.baseline import EXIT_SLOWER, EXIT_UNCOMPARED, baseline_table, parse_tolerance
 from common.report.build import Report, ReportOptions, build_report
 from common.report.converge import EXIT_CONVERGED, EXIT_NOT_YET, check, converged, format_checks, parse_width
-from common.report.load import load_set, select_jobs
+from common.report.load import load_set
 from common.report.render import format_ratio_table, format_table, md_table
-from common.report.summary import summarize
+from common.report.summary import select_jobs, summarize
 from common.report.verdict import verdict_lines
 
 

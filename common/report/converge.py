@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from common.core.text import text_table
-from common.report.rows import JobSummary, Row
 from common.report.stats import MIN_CI_RUNS, Interval
+from common.report.summary import JobSummary, Row
 
 EXIT_CONVERGED, EXIT_NOT_YET = 0, 1  # the report's exit status with --until (2: bad input, as always)
 

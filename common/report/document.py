@@ -17,7 +17,8 @@ from typing import Any
 from common.report.base import IMAGES, NA, NO_INTERVAL, SAMPLES, fmt_num, fmt_value, in_unit, md_escape
 from common.report.load import versions_by_key
 from common.report.machines import binding_mix, distinct, format_machines, short_command, shorten_paths
-from common.report.rows import (
+from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS, num
+from common.report.summary import (
     ENERGY_SCOPE,
     RATIO_DEN,
     RATIO_NUM,
@@ -31,7 +32,6 @@ from common.report.rows import (
     row_label,
     validation_names,
 )
-from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS, num
 from common.report.verdict import VERDICT_NOTE, best_ratios, best_rows, like_for_like, verdict_texts, verdict_title
 
 

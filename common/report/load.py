@@ -1,9 +1,9 @@
-"""Loading and selection: the results directories read as one set, each JSON file as its record type (training runs
-as ``LoadedRun``: common.core.results.RunRecord plus the file it came from; allreduce benchmarks and breakdowns as
-common.core.results.AllreduceRecord and BreakdownRecord), the jobs to report (refusing to compare different jobs,
-naming the job fields that differ), and the software versions that make a comparison suspect. Older files are
-upgraded to their type's current schema as they are read (common.core.results' upgrade_* steps), so nothing past
-this module asks what a file lacks."""
+"""Loading: the results directories read as one set, each JSON file as its record type (training runs as
+``LoadedRun``: common.core.results.RunRecord plus the file it came from and the layout its hosts give; allreduce
+benchmarks and breakdowns as common.core.results.AllreduceRecord and BreakdownRecord), and the software versions
+that make a comparison suspect. Older files are upgraded to their type's current schema as they are read
+(common.core.results' upgrade_* steps), so nothing past this module asks what a file lacks. Which jobs are reported
+is common.report.summary's (it works on the summaries)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,61 @@ import json
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from common.core.results import AllreduceRecord, BreakdownRecord, RecordError, RunRecord
-from common.report.base import MISSING, MixedVersionsError, ReportError, fmt_value, warn
-from common.report.rows import JobSummary, LoadedRun
+from common.report.base import ReportError, fmt_value, warn
 from common.report.stats import num
 
 # JSONs in results dirs that are not training runs (check: common.check's summary, read by common.report.migrate)
 OTHER_KINDS = ("sweep", "allreduce", "breakdown", "check")
 _HASH_RE = re.compile(r"[0-9a-f]{16}")
+
+
+class Layout(NamedTuple):
+    """Where a run's ranks ran, from its ``hosts`` (one entry per rank; every schema has it): nodes = distinct
+    hosts, ranks per node = ranks / nodes (None when the nodes hold different numbers), text "2x4" (nodes x ranks
+    per node), "2x(3+1)" for uneven nodes, "?" when the record names no hosts."""
+
+    nodes: int | None
+    ranks_per_node: int | None
+    text: str
+
+
+def layout_of(hosts: Sequence[Any] | None) -> Layout:
+    """The Layout of a run whose ranks ran on ``hosts``."""
+    if not isinstance(hosts, list) or not hosts:
+        return Layout(None, None, "?")
+    counts = Counter(str(h) for h in hosts)
+    per = sorted(counts.values(), reverse=True)
+    if len(set(per)) == 1:
+        return Layout(len(counts), per[0], f"{len(counts)}x{per[0]}")
+    return Layout(len(counts), None, f"{len(counts)}x({'+'.join(map(str, per))})")
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A training run as the report holds it: its record (of the current schema: older files are upgraded on
+    reading) and where it came from."""
+
+    record: RunRecord
+    path: str | None = None  # the results file it was read from; None for a record handed in, not read
+
+    @property
+    def layout(self) -> Layout:
+        return layout_of(self.record.hosts)
+
+    @classmethod
+    def of(cls, run: LoadedRun | RunRecord | Mapping[str, Any]) -> LoadedRun:
+        """A run handed to the report: loaded already, a record, or a parsed results JSON (RecordError if it is not
+        a readable one)."""
+        if isinstance(run, LoadedRun):
+            return run
+        return cls(run if isinstance(run, RunRecord) else RunRecord.from_dict(run))
 
 
 def recompute_job_hash(job: Mapping[str, Any]) -> str:
@@ -195,94 +238,6 @@ def load_set(roots: Sequence[Path], warn: Callable[[str], None] = warn) -> list[
                 seen[rid] = r.path
             runs.append(r)
     return runs
-
-
-def check_versions(summaries: Sequence[JobSummary], *, allow_mixed: bool,
-                   warn: Callable[[str], None] = warn) -> None:
-    """Refuse (MixedVersionsError, the first such job) a comparison whose runs mix software versions, or, when
-    ``allow_mixed``, warn once per such job."""
-    for s in summaries:
-        if s.version_mix:
-            msg = mix_message(s.name, s.job_hash, s.version_mix)
-            if not allow_mixed:
-                raise MixedVersionsError(f"{msg}; pass --allow-mixed-versions to compare them anyway")
-            warn(f"{msg}; compared anyway (--allow-mixed-versions)")
-
-
-# -- selection: which jobs, and refusing to compare different ones ----------------------------------------
-def job_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """``"field: a vs b"`` for every hashed job field that differs, in the Job's declared field order."""
-    try:
-        from common.workload.job import FIELDS  # stdlib-only module: field order for a readable diff
-
-        order = [k for k in FIELDS if k in a or k in b]
-    except ImportError:  # the report copied elsewhere without the rest of twinbench
-        order = []
-    keys = order + sorted((set(a) | set(b)) - set(order))
-    return [f"{k}: {fmt_value(a.get(k, MISSING))} vs {fmt_value(b.get(k, MISSING))}"
-            for k in keys if k != "name" and a.get(k, MISSING) != b.get(k, MISSING)]
-
-
-def different_jobs_message(a: JobSummary, b: JobSummary) -> str:
-    """The one-line refusal naming the job fields that differ between two jobs."""
-    diff = job_diff(a.job, b.job) or [f"job fields identical but recorded hashes differ "
-                                      f"({a.job_hash} vs {b.job_hash}): results written by different "
-                                      "twinbench versions?"]
-    return (f"runs belong to different jobs ({'; '.join(diff)}); compare one job at a time with "
-            f"--job-hash {a.job_hash} or --job-hash {b.job_hash}")
-
-
-def _jobs_present(summaries: Sequence[JobSummary]) -> str:
-    return ", ".join(f"{s.job_hash} ({s.name}, {len(s.runs)} runs)" for s in summaries) or "none"
-
-
-def _resolve(summaries: Sequence[JobSummary], wanted: str, where: str) -> JobSummary:
-    key = wanted.strip().lower()
-    exact = [s for s in summaries if s.job_hash == key]
-    hits = exact or ([s for s in summaries if s.job_hash.startswith(key)] if key else [])
-    if not hits:
-        raise ReportError(f"no runs with job hash {wanted!r} in {where}; jobs present: {_jobs_present(summaries)}")
-    if len(hits) > 1:
-        raise ReportError(f"job hash prefix {wanted!r} matches {len(hits)} jobs in {where}: {_jobs_present(hits)}; "
-                          "give more digits")
-    return hits[0]
-
-
-def _job_of_file(summaries: Sequence[JobSummary], job: Mapping[str, Any], where: str) -> list[JobSummary]:
-    """The summary of the job a ``Job.to_dict()`` defines; ReportError naming the closest job otherwise."""
-    h = recompute_job_hash(job)
-    hit = [s for s in summaries if s.job_hash == h]
-    if hit:
-        return hit
-    label = job.get("name", "unnamed")
-    if not summaries:
-        raise ReportError(f"no runs of job {label!r} ({h}) in {where}")
-    closest = min(summaries, key=lambda s: (len(job_diff(job, s.job)), s.job_hash))
-    diff = "; ".join(job_diff(job, closest.job)) or "no field differs"
-    raise ReportError(f"no runs of job {label!r} ({h}) in {where}: runs belong to different jobs (closest is "
-                      f"{closest.job_hash} '{closest.name}': {diff}); compare one job at a time with "
-                      f"--job-hash {closest.job_hash}")
-
-
-def select_jobs(summaries: Sequence[JobSummary], *, job_hash: str | None = None,
-                compare: Sequence[str] | None = None, job: Mapping[str, Any] | None = None,
-                where: str = "the results") -> list[JobSummary]:
-    """The jobs to report: all of them (default), one by hash (a unique prefix is enough), the job of a
-    ``Job.to_dict()``, or ``compare`` = two hashes, which must name the same job. ReportError otherwise."""
-    if sum(x is not None for x in (job_hash, compare, job)) > 1:
-        raise ReportError("use only one of --job-hash, --job and --compare")
-    if job_hash is not None:
-        return [_resolve(summaries, job_hash, where)]
-    if compare is not None:
-        if len(compare) != 2:
-            raise ReportError(f"--compare takes two job hashes, got {len(compare)}")
-        a, b = (_resolve(summaries, h, where) for h in compare)
-        if a.job_hash != b.job_hash:
-            raise ReportError(different_jobs_message(a, b))
-        return [a]
-    if job is not None:
-        return _job_of_file(summaries, job, where)
-    return list(summaries)
 
 
 # -- software versions across runs ----------------------------------------------------------------------

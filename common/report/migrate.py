@@ -22,7 +22,7 @@ from typing import Any
 from common.report.base import NA, md_escape, warn
 from common.report.document import Block, Heading, Para, Table
 from common.report.load import result_files
-from common.report.rows import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row, gpu_run, memory_text
+from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row, gpu_run, memory_text
 from common.report.verdict import speed
 
 CHECK_KIND = "check"

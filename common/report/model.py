@@ -15,9 +15,10 @@ from common.core.results import BREAKDOWN_PHASES, AllreduceRecord, BreakdownReco
 from common.diagnostics import scaling
 from common.report.base import NA, fmt_num
 from common.report.document import Block, Box, Bullets, Heading, Images, Para, table
+from common.report.load import LoadedRun
 from common.report.machines import distinct
-from common.report.rows import JobSummary, LoadedRun, order_backends
 from common.report.stats import median, num
+from common.report.summary import JobSummary, order_backends
 
 
 def allreduce_part(benches: Sequence[AllreduceRecord], image: str | None = None) -> list[Block]:

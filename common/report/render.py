@@ -20,8 +20,8 @@ from common.core.results import AllreduceRecord
 from common.report import document as doc
 from common.report.base import NA, md_escape, md_unescape
 from common.report.machines import subtitle
-from common.report.rows import JobSummary, Row
 from common.report.stats import num
+from common.report.summary import JobSummary, Row
 
 
 # -- Markdown ----------------------------------------------------------------------------------------------------

@@ -1,53 +1,287 @@
-"""Summarizing runs: one JobSummary per job hash, with its rows (backend x world size), their speedups, the backend
-ratios and the notes under the tables (repeats, batch sizes, weights, versions, variants, collectives, input wait);
-the types are common.report.rows'."""
+"""A job's summary, one per job hash: what it holds and how it is made from the job's runs. Its rows (one backend x
+machine x world size x layout cell of the scaling table: how a run is labelled, the row it joins) with each row's
+figures from its repeats' records: throughput, step times, input wait, validation (time to target, MLPerf's
+time-to-train idea, and the final validation numbers, from ``RunRecord.evaluations`` and ``time_to_target_s``) and
+what the runs cost besides time (peak memory per rank, GPU energy over the timed steps, ``RunRecord.energy``, and
+GPU-hours; energy and GPU-hours only for runs on GPUs: absent, never zero, on a CPU); the speedups, the backend
+ratios and the notes under the tables (repeats, batch sizes, weights, versions, variants, collectives, input wait,
+layouts); and which summaries are reported (all, one by hash, the job of a file, or two hashes that must name the
+same job, refusing different jobs by the fields that differ, and mixed software versions).
+
+Memory: the TensorFlow allocator's peak on the rank's GPU when a rank recorded one (``machine`` block,
+``memory.peak_gpu_bytes``), else the process's peak resident set (``memory.peak_rss_bytes``, host memory)."""
 
 from __future__ import annotations
 
 import re
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from common.core.results import RunRecord
-from common.report.base import NA, NO_INTERVAL
-from common.report.load import version_mix, versions_by_key
-from common.report.machines import MachineKey, machine_keys, nodes_text, stack_of
-from common.report.rows import (
-    RATIO_DEN,
-    RATIO_NUM,
-    Identity,
-    InputWait,
-    JobSummary,
-    LoadedRun,
-    Machine,
-    RatioRow,
-    Row,
-    RunFacts,
-    StepTimes,
-    Throughput,
-    gpu_run,
-    order_backends,
-    row_label,
-    row_resources,
-    row_validation,
-    same_first_batches,
+from common.cluster.machine import section
+from common.core import registry
+from common.core.results import EVALUATION_META, RunRecord
+from common.report.base import (
+    IMAGES,
+    MISSING,
+    NA,
+    NO_INTERVAL,
+    SAMPLES,
+    MixedVersionsError,
+    ReportError,
+    fmt_value,
+    warn,
 )
-from common.report.stats import MIN_CI_RUNS, median, median_interval, num, paired_ratio_interval, ratio_interval
+from common.report.load import LoadedRun, mix_message, recompute_job_hash, version_mix, versions_by_key
+from common.report.machines import MachineKey, machine_keys, nodes_text, stack_of
+from common.report.stats import (
+    MIN_CI_RUNS,
+    Interval,
+    median,
+    median_interval,
+    num,
+    paired_ratio_interval,
+    ratio_interval,
+)
+
+RATIO_NUM, RATIO_DEN = registry.RATIO  # numerator and denominator of the throughput ratio
 
 
-def _final_loss(run: RunRecord) -> float | None:
-    return num(run.step_losses[-1]) if isinstance(run.step_losses, list) and run.step_losses else None
+@dataclass(frozen=True)
+class Identity:
+    """Which cell of the scaling table a row is: what ran, at which size and layout."""
+
+    label: str  # the row label: backend, non-default strategy or tuning, machine, e.g. "native (mirrored) [2 nodes]"
+    backend: str  # the runs' backend
+    world_size: int  # replicas
+    num_workers: int  # processes
+    layout: str = "?"  # nodes x ranks per node, from the runs' hosts (load.layout_of), e.g. "2x4"
+    plain: str = ""  # the label without its machine part (row_label); "" means the label
+    series: str = ""  # the rows sharing a speedup baseline: plain label + hardware, no node count ("": plain)
+    variant: str | None = None  # the runs' tuning variant (``RunRecord.tuning_variant``); None: default knobs
+    comparable: bool = True  # the backend's default way of training (strategy, synchronous): in best vs best
+    family: str = ""  # the label without its tuning variant (machine kept): what --baseline matches on ("": label)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plain", self.plain or self.label)
+        object.__setattr__(self, "series", self.series or self.plain)
+        object.__setattr__(self, "family", self.family or self.label)
 
 
-def _step_times(runs: list[RunRecord]) -> StepTimes:
-    return StepTimes(p50=median(num(r.step_time.get("median")) for r in runs),
-                     p95=median(num(r.step_time.get("p95")) for r in runs))
+@dataclass(frozen=True)
+class Machine:
+    """The machine part of a row (common.report.machines)."""
+
+    label: str = ""  # the machine part of the row label ("" when the job ran on one machine: MachineKey)
+    hardware: str = ""  # the hardware part of it ("" when the job's runs share one hardware)
+    nodes: int | None = None  # the node count of the row's runs (None: not recorded)
+    gpu: bool = False  # a repeat ran on GPUs (its devices name one)
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """Images/s over the row's repeats."""
+
+    ips: list[float]  # images/s of every repeat
+    median: float
+    interval: Interval | None  # 95% CI of the median (>= 6 repeats), else min-max; None for n = 1
+
+    @property
+    def repeats(self) -> int:
+        return len(self.ips)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Medians over the row's repeats, in seconds (None: n/a); what the scaling model reads. Figures only a column
+    shows are read from the row's runs by that column (document.COLUMNS, ``from_runs``)."""
+
+    p50: float | None
+    p95: float | None
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the row's runs were and where they came from."""
+
+    global_batch_size: int | None
+    final_loss: float | None  # median over repeats of the last step's loss
+    collective: str | None  # ``RunRecord.collective_used`` of the repeats ("a, b" if they differ); None: unknown
+    files: list[str]  # the repeats' results files
+    same_batches: int = 0  # repeats whose ranks all got the same first batches (an input function not sharding)
+    nccl: list[Any] = field(default_factory=list)  # the repeats' ``nccl_transport`` lists (GPU runs; else None)
+    # per repeat (in ``Throughput.ips`` order): its sweep round (the run directory's -r<k>) and the nodes its job step
+    # ran on (``RunRecord.nodelist``); None where not recorded (runs outside a sweep, outside Slurm)
+    rounds: list[tuple[str | None, str | None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class InputWait:
+    """Did the input pipeline keep up (``RunRecord.input`` of the repeats)."""
+
+    method: str | None = None  # "fetch", "gap", "mixed"; None: not measured
+    fraction: float | None = None  # median over repeats of the input wait's share of the timed wall time
+    verdict: str | None = None  # "kept up", "moderately input-bound", "highly input-bound" or None (undecided)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Time to target and the final validation numbers (report.evaluation)."""
+
+    ttt: float | None = None  # time to target (s): median over the repeats that reached it
+    reached: int = 0  # repeats that reached the job's target
+    targeted: int = 0  # repeats whose job set a target
+    final: dict[str, float | None] = field(default_factory=dict)  # last evaluation, median over repeats
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """The row against its baseline and against the other backend (set once every row of the job is known)."""
+
+    speedup: float | None = None
+    efficiency: float | None = None
+    ratio: float | None = None  # registry.RATIO at this world size, on both backends' rows
+    ratio_ci: tuple[float, float] | None = None  # bootstrap 95% interval of ``ratio`` (stats.ratio_interval)
+
+
+ENERGY_SCOPE = ("GPU only: the GPUs' own energy counters (NVML nvmlDeviceGetTotalEnergyConsumption, Volta and "
+                "later) over the timed steps, summed over ranks; no CPU, memory, network or cooling, so not "
+                "comparable with MLPerf Power's whole-system figures")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A row's resource figures (None: not recorded or not applicable)."""
+
+    peak_memory_bytes: float | None = None  # per rank: the largest rank's, median over repeats
+    memory_kind: str | None = None  # "GPU" (allocator peak) or "host RSS"
+    energy_j: float | None = None  # GPU energy over the timed steps, all ranks, median over repeats
+    energy_per_image_j: float | None = None
+    gpu_hours_per_epoch: float | None = None  # GPUs x the timed step time x steps per epoch
+    gpu_hours_to_target: float | None = None  # GPUs x time to target
+
+
+@dataclass
+class Row:
+    """One backend x world size (x worker count, layout, machine) cell of a job's scaling table."""
+
+    identity: Identity
+    machine: Machine
+    throughput: Throughput
+    steps: StepTimes
+    facts: RunFacts
+    input: InputWait
+    validation: Validation
+    scaling: Scaling = field(default_factory=Scaling)
+    resources: Resources = field(default_factory=Resources)
+    runs: list[RunRecord] = field(default_factory=list)  # the repeats' records, in ``throughput.ips`` order
+
+    @property
+    def layout_counts(self) -> tuple[int | None, int | None]:
+        """(nodes, ranks per node) of the layout ("2x4" -> (2, 4); None where not known or uneven)."""
+        m = re.fullmatch(r"(\d+)x(\d+)?.*", self.identity.layout)
+        return (int(m.group(1)), int(m.group(2)) if m.group(2) else None) if m else (None, None)
+
+    @property
+    def pair_key(self) -> tuple[str, int, int, str]:
+        """What a ratio pairs on when a world size has several rows: hardware, nodes, workers, layout."""
+        nodes = -1 if self.machine.nodes is None else self.machine.nodes
+        return self.machine.hardware, nodes, self.identity.num_workers, self.identity.layout
+
+
+@dataclass
+class RatioRow:
+    """registry.RATIO (numerator / denominator median throughput) at one world size."""
+
+    world_size: int
+    den_workers: int | None  # denominator's worker count (None: no denominator run here)
+    num_workers: int | None  # numerator's worker count
+    den_ips: float | None
+    num_ips: float | None
+    ratio: float | None
+    machine: str = ""  # the pair's hardware and nodes when the job ran on several machines ("": one machine)
+    ratio_ci: tuple[float, float] | None = None  # bootstrap 95% interval (None: a cell has < 6 repeats)
+    layout: str = ""  # the pair's layouts, e.g. "1x2" or "1x2 / 2x1" when they differ
+    den_collective: str | None = None  # the rows' used collectives
+    num_collective: str | None = None
+    caveat: str | None = None  # why the ratio is not like for like (collectives_caveat), None when it is
+    same_nodes: str | None = None  # "every round", "some rounds", "no": both backends' runs of a round on the same
+    # nodes (None: no run recorded its nodes)
+    paired: bool = False  # every round of both on the same nodes: ratio_ci (from 6 rounds) is the paired bootstrap
+    # over rounds (stats.paired_ratio_interval)
+    den_row: Row | None = None  # the rows the ratio pairs (None: that side did not run here)
+    num_row: Row | None = None
+
+
+@dataclass
+class JobSummary:
+    """Everything the report shows about one job (one job_hash); runs of other jobs never enter it."""
+
+    job_hash: str
+    name: str
+    job: dict[str, Any]
+    rows: list[Row]
+    ratios: list[RatioRow]
+    notes: list[str]
+    runs: list[LoadedRun]
+    version_mix: list[str] = field(default_factory=list)  # versions.version_mix(records): empty when consistent
+
+    @property
+    def backends(self) -> list[str]:
+        """The row labels in table order (registry order of the backends, then their machines)."""
+        return list(dict.fromkeys(r.identity.label for r in self.rows))
+
+    @property
+    def records(self) -> list[RunRecord]:
+        return [r.record for r in self.runs]
+
+    @property
+    def unit(self) -> str:
+        """Its throughput's unit: images/s for one of twinbench's datasets (all images: common.workload.datasets),
+        samples/s for the user's own ("package.module:function": arrays or an input function, of anything)."""
+        return SAMPLES if ":" in str(self.job.get("dataset", "")) else IMAGES
+
+
+# -- how a run is labelled: the row it joins ---------------------------------------------------------------------------
+def order_backends(names: Iterable[str]) -> list[str]:
+    """The registry's backends in its order, then any other backend found in results, sorted."""
+    names = set(names)
+    known = registry.names()
+    return [b for b in known if b in names] + sorted(names - set(known))
+
+
+def row_label(run: RunRecord, tuning: bool = True) -> str:
+    """The backend column of a run's row: its backend, or with a strategy other than the default e.g. "native
+    (mirrored)", with tuning knobs not at their defaults e.g. "horovod (fusion 32 MiB)", and for an asynchronous
+    run (``RunRecord.asynchronous``: parameter-server training) "native (parameter_server, asynchronous)": rows of
+    their own, never merged with the default's, outside the backend ratio (which compares the backends' default
+    ways of training; variants meet in the report's best vs best table). ``tuning=False``: without the tuning
+    variant (what a baseline matches cells on)."""
+    parts = [s for s in (run.strategy, run.tuning_variant if tuning else None) if s]
+    if run.asynchronous is True:
+        parts = [*(parts or ["?"]), "asynchronous"]
+    return f"{run.backend} ({', '.join(parts)})" if parts else str(run.backend)
+
+
+_GPU = re.compile(r"gpu:", re.IGNORECASE)  # TensorFlow's device names: "/physical_device:GPU:0", "/gpu:0"
+
+
+def gpu_run(run: RunRecord) -> bool:
+    """A rank of the run computed on a GPU (its ``devices`` name one; "cpu (CUDA_VISIBLE_DEVICES=0)" does not)."""
+    return isinstance(run.devices, list) and any(_GPU.search(str(d)) for d in run.devices)
+
+
+def cpu_run(run: RunRecord) -> bool:
+    """Every rank of the run recorded a CPU as its device ("cpu", "cpu (CUDA_VISIBLE_DEVICES=0)"); False when the
+    record names no devices."""
+    devs = run.devices if isinstance(run.devices, list) else []
+    return bool(devs) and all(str(d).lower().startswith(("cpu", "/physical_device:cpu", "/cpu")) for d in devs)
+
+
+# -- a row and its figures, from its repeats' records ------------------------------------------------------------------
 def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
     """The row of ``runs`` (one label, machine, world size, layout and worker count)."""
     recs = [r.record for r in runs]
@@ -79,6 +313,30 @@ def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
     )
 
 
+def _final_loss(run: RunRecord) -> float | None:
+    return num(run.step_losses[-1]) if isinstance(run.step_losses, list) and run.step_losses else None
+
+
+def _step_times(runs: list[RunRecord]) -> StepTimes:
+    return StepTimes(p50=median(num(r.step_time.get("median")) for r in runs),
+                     p95=median(num(r.step_time.get("p95")) for r in runs))
+
+
+def _round_of(path: str | None) -> str | None:
+    """A sweep run's round, from its run directory (``<variant>-<layout>-r<k>``, common.sweep); None elsewhere."""
+    m = re.search(r"-r(\d+)$", Path(path).parent.name) if path else None
+    return m.group(1) if m else None
+
+
+def same_first_batches(run: RunRecord) -> bool:
+    """The run's ranks (two or more) all got the same first batches: the fingerprints an input function's runs record
+    per rank (``input.pipeline.per_rank``) are all equal, so its workers trained on the same data."""
+    pipeline = run.input.get("pipeline") if isinstance(run.input, Mapping) else None
+    per_rank = pipeline.get("per_rank") if isinstance(pipeline, Mapping) else None
+    prints = [r.get("fingerprint") for r in per_rank if isinstance(r, Mapping)] if isinstance(per_rank, list) else []
+    return len(prints) > 1 and None not in prints and len(set(map(str, prints))) == 1
+
+
 def _input_wait(runs: list[RunRecord]) -> InputWait:
     """The row's input wait (``RunRecord.input``): method, median share over repeats, and the verdict all repeats
     support (the worst one: a row is "kept up" only if every repeat kept up)."""
@@ -97,17 +355,126 @@ def _input_wait(runs: list[RunRecord]) -> InputWait:
                      median(num(i.get("wait_fraction")) for i in measured), verdict)
 
 
-def collectives_caveat(den: Row, num: Row) -> str | None:
-    """Why a ratio of these rows does not compare like for like, or None: on GPUs, NCCL on one side only (e.g.
-    native ring, whose gRPC collectives go through host memory, against Horovod's NCCL)."""
-    dc, nc = den.facts.collective, num.facts.collective
-    if not (den.machine.gpu or num.machine.gpu) or dc is None or nc is None:
-        return None
-    if (dc == "nccl") == (nc == "nccl"):
-        return None
-    return f"{RATIO_DEN} {dc} vs {RATIO_NUM} {nc} on GPUs"
+def _peak(run: RunRecord, key: str) -> float | None:
+    """The largest rank's ``memory.<key>`` of a run (None: no rank recorded it)."""
+    m = run.machine if isinstance(run.machine, Mapping) else {}
+    vals = [v for x in section(m, "memory") if isinstance(x, Mapping) and (v := num(x.get(key))) is not None]
+    return max(vals) if vals else None
 
 
+def energy_joules(run: RunRecord) -> float | None:
+    """The run's GPU energy over its timed steps (``energy.gpu_joules``), None when not measured."""
+    e = run.energy if isinstance(run.energy, Mapping) else {}
+    return num(e.get("gpu_joules"))
+
+
+def timed_images(run: RunRecord) -> float | None:
+    """Images processed in the timed steps (global batch x timed steps)."""
+    steps = num(run.step_time.get("timed_steps"))
+    return float(run.global_batch_size) * steps if run.global_batch_size and steps else None
+
+
+def _per_image(run: RunRecord) -> float | None:
+    joules, images = energy_joules(run), timed_images(run)
+    return joules / images if joules is not None and images else None
+
+
+def _gpu_hours_per_epoch(run: RunRecord, gpus: int) -> float | None:
+    step = num(run.step_time.get("mean"))
+    return gpus * step * run.steps_per_epoch / 3600 if step is not None and run.steps_per_epoch else None
+
+
+def row_resources(runs: Sequence[RunRecord], on_gpu: bool) -> Resources:
+    """The Resources of one row's repeats; ``on_gpu``: the row ran on GPUs (one per replica)."""
+    gpu = median(_peak(r, "peak_gpu_bytes") for r in runs)
+    rss = median(_peak(r, "peak_rss_bytes") for r in runs)
+    mem, kind = (gpu, "GPU") if gpu is not None else (rss, "host RSS") if rss is not None else (None, None)
+    if not on_gpu:
+        return Resources(mem, kind)
+    ttt = [r.world_size * t / 3600 for r in runs if (t := num(r.time_to_target_s)) is not None]
+    return Resources(mem, kind, median(energy_joules(r) for r in runs), median(_per_image(r) for r in runs),
+                     median(_gpu_hours_per_epoch(r, r.world_size) for r in runs), median(ttt))
+
+
+# -- validation --------------------------------------------------------------------------------------------------------
+# What the section says about its numbers (rendered once, under the table).
+TTT_METHOD = (
+    "time to target = wall time from the first training step to the end of the first evaluation at which the job's "
+    "target_metric reached target_value (>= for a metric, <= for the loss), evaluations included (they are excluded "
+    "from images/s and the step times); median over the repeats that reached it, \"reached\" counts them; final "
+    "validation = median over repeats of the last evaluation's numbers (the loss is the data loss, without "
+    "regularisation)"
+)
+
+
+def evaluations(run: RunRecord) -> list[Mapping[str, object]]:
+    """The run's evaluations ([] for a run without any)."""
+    return [e for e in run.evaluations if isinstance(e, Mapping)] if isinstance(run.evaluations, list) else []
+
+
+def target_of(run: RunRecord) -> tuple[str, float] | None:
+    """(target_metric, target_value) the run's job set, or None."""
+    metric, value = run.job.get("target_metric"), num(run.job.get("target_value"))
+    return (metric, value) if isinstance(metric, str) and metric and value is not None else None
+
+
+def row_validation(runs: Sequence[RunRecord]) -> Validation:
+    """The Row's evaluation figures: ``ttt`` (median over the repeats that reached the target), ``reached`` (how
+    many did), ``targeted`` (repeats with a target), ``final`` (name -> median of the last evaluation's value over
+    the repeats that evaluated)."""
+    targeted = [r for r in runs if target_of(r)]
+    times = [t for r in targeted if (t := num(r.time_to_target_s)) is not None]
+    finals: dict[str, list[float]] = {}
+    for r in runs:
+        ev = evaluations(r)
+        if ev:
+            for k, v in ev[-1].items():
+                if k not in EVALUATION_META and num(v) is not None:
+                    finals.setdefault(k, []).append(float(v))
+    return Validation(median(times), len(times), len(targeted), {k: median(v) for k, v in finals.items()})
+
+
+def validation_names(runs: Sequence[RunRecord]) -> list[str]:
+    """The names the runs' last evaluations carry, loss first."""
+    names: dict[str, None] = {}
+    for r in runs:
+        ev = evaluations(r)
+        if ev:
+            names.update(dict.fromkeys(k for k in ev[-1] if k not in EVALUATION_META))
+    return sorted(names, key=lambda k: (k != "loss", k))
+
+
+# -- a row's cells (document.COLUMNS) ----------------------------------------------------------------------------------
+def from_runs(read: Callable[[RunRecord], Any],
+              combine: Callable[[list[Any]], Any] = median) -> Callable[[Row], Any]:
+    """A column's value (document.Column) from the row's runs: ``read`` of each repeat's record, then ``combine`` over
+    the repeats (default: the median of the numbers, None when no run holds one). A figure the ranks write into
+    ``RunRecord`` reaches the report's md, html and csv by one Column line with this as its value."""
+    return lambda row: combine([read(r) for r in row.runs])
+
+
+def input_text(row: Row) -> str:
+    """The row's input-wait cell, e.g. "0.4% kept up", "23% highly input-bound", "48% input + between steps"."""
+    i = row.input
+    if i.method is None or i.fraction is None:
+        return NA
+    share = f"{100 * i.fraction:.1f}%"
+    if i.method == "fetch":
+        return f"{share} {i.verdict}" if i.verdict else share
+    what = f"{share} input + between steps" if i.method == "gap" else f"{share} ({i.method})"
+    return f"{what}: kept up" if i.verdict == "kept up" else what
+
+
+def memory_text(res: Resources) -> str | None:
+    """e.g. "1.2 GiB GPU", "812 MiB host RSS"; None when not recorded."""
+    b = res.peak_memory_bytes
+    if b is None:
+        return None
+    size = f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
+    return f"{size} {res.memory_kind}"
+
+
+# -- summarising: rows, speedups, ratios -------------------------------------------------------------------------------
 def _rows(runs: list[LoadedRun]) -> list[Row]:
     """One row per backend (row label) x machine (common.report.machines) x world size x worker count, in table
     order: runs on different CPU or GPU models, or on different node counts, never share a row."""
@@ -160,12 +527,6 @@ def _pair_machine(d: Row | None, n: Row | None, several: bool) -> str:
     return ", ".join(p for p in (m.hardware, nodes_text(m.nodes) if m.nodes is not None else "") if p)
 
 
-def _round_of(path: str | None) -> str | None:
-    """A sweep run's round, from its run directory (``<variant>-<layout>-r<k>``, common.sweep); None elsewhere."""
-    m = re.search(r"-r(\d+)$", Path(path).parent.name) if path else None
-    return m.group(1) if m else None
-
-
 def _pairing(d: Row, n: Row) -> tuple[str | None, list[tuple[float, float]]]:
     """Whether both rows' runs of each round ran on the same nodes ("every round", "some rounds", "no"; None when no
     run recorded its nodes), and the (numerator, denominator) throughput of every round that did."""
@@ -201,6 +562,17 @@ def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow
                     den_collective=d.facts.collective if d else None, num_collective=n.facts.collective if n else None,
                     caveat=collectives_caveat(d, n) if d and n else None, same_nodes=same, paired=paired,
                     den_row=d, num_row=n)
+
+
+def collectives_caveat(den: Row, num: Row) -> str | None:
+    """Why a ratio of these rows does not compare like for like, or None: on GPUs, NCCL on one side only (e.g.
+    native ring, whose gRPC collectives go through host memory, against Horovod's NCCL)."""
+    dc, nc = den.facts.collective, num.facts.collective
+    if not (den.machine.gpu or num.machine.gpu) or dc is None or nc is None:
+        return None
+    if (dc == "nccl") == (nc == "nccl"):
+        return None
+    return f"{RATIO_DEN} {dc} vs {RATIO_NUM} {nc} on GPUs"
 
 
 def _pair_note(ws: int, d: Row, n: Row) -> str | None:
@@ -290,7 +662,7 @@ def summarize(runs: Iterable[LoadedRun | RunRecord | Mapping[str, Any]]) -> list
     return sorted(out, key=lambda s: (s.name, s.job_hash))
 
 
-# -- the notes under a job's tables --------------------------------------------------------------------------------
+# -- the notes under a job's tables ------------------------------------------------------------------------------------
 def run_notes(job: Mapping[str, Any], runs: Sequence[LoadedRun], rows: list[Row], notes: list[str]) -> None:
     """Notes on single repeats, inconsistent batch sizes or weights, and differing software versions."""
     if any(r.throughput.repeats == 1 for r in rows):
@@ -426,3 +798,92 @@ def _layout_notes(runs: Sequence[LoadedRun], notes: list[str]) -> None:
                 "; with the same thread count the cause is elsewhere (an op's placement or algorithm per layout)"
             notes.append(f"{pair} computed different losses from step {step} ({la[step]:.8g} vs {lb[step]:.8g}; final "
                          f"{la[-1]:.4g} vs {lb[-1]:.4g}){why}")
+
+
+# -- selection: which jobs are reported, refusing to compare different jobs or mixed versions --------------------------
+def check_versions(summaries: Sequence[JobSummary], *, allow_mixed: bool,
+                   warn: Callable[[str], None] = warn) -> None:
+    """Refuse (MixedVersionsError, the first such job) a comparison whose runs mix software versions, or, when
+    ``allow_mixed``, warn once per such job."""
+    for s in summaries:
+        if s.version_mix:
+            msg = mix_message(s.name, s.job_hash, s.version_mix)
+            if not allow_mixed:
+                raise MixedVersionsError(f"{msg}; pass --allow-mixed-versions to compare them anyway")
+            warn(f"{msg}; compared anyway (--allow-mixed-versions)")
+
+
+
+def job_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``"field: a vs b"`` for every hashed job field that differs, in the Job's declared field order."""
+    try:
+        from common.workload.job import FIELDS  # stdlib-only module: field order for a readable diff
+
+        order = [k for k in FIELDS if k in a or k in b]
+    except ImportError:  # the report copied elsewhere without the rest of twinbench
+        order = []
+    keys = order + sorted((set(a) | set(b)) - set(order))
+    return [f"{k}: {fmt_value(a.get(k, MISSING))} vs {fmt_value(b.get(k, MISSING))}"
+            for k in keys if k != "name" and a.get(k, MISSING) != b.get(k, MISSING)]
+
+
+def different_jobs_message(a: JobSummary, b: JobSummary) -> str:
+    """The one-line refusal naming the job fields that differ between two jobs."""
+    diff = job_diff(a.job, b.job) or [f"job fields identical but recorded hashes differ "
+                                      f"({a.job_hash} vs {b.job_hash}): results written by different "
+                                      "twinbench versions?"]
+    return (f"runs belong to different jobs ({'; '.join(diff)}); compare one job at a time with "
+            f"--job-hash {a.job_hash} or --job-hash {b.job_hash}")
+
+
+def _jobs_present(summaries: Sequence[JobSummary]) -> str:
+    return ", ".join(f"{s.job_hash} ({s.name}, {len(s.runs)} runs)" for s in summaries) or "none"
+
+
+def _resolve(summaries: Sequence[JobSummary], wanted: str, where: str) -> JobSummary:
+    key = wanted.strip().lower()
+    exact = [s for s in summaries if s.job_hash == key]
+    hits = exact or ([s for s in summaries if s.job_hash.startswith(key)] if key else [])
+    if not hits:
+        raise ReportError(f"no runs with job hash {wanted!r} in {where}; jobs present: {_jobs_present(summaries)}")
+    if len(hits) > 1:
+        raise ReportError(f"job hash prefix {wanted!r} matches {len(hits)} jobs in {where}: {_jobs_present(hits)}; "
+                          "give more digits")
+    return hits[0]
+
+
+def _job_of_file(summaries: Sequence[JobSummary], job: Mapping[str, Any], where: str) -> list[JobSummary]:
+    """The summary of the job a ``Job.to_dict()`` defines; ReportError naming the closest job otherwise."""
+    h = recompute_job_hash(job)
+    hit = [s for s in summaries if s.job_hash == h]
+    if hit:
+        return hit
+    label = job.get("name", "unnamed")
+    if not summaries:
+        raise ReportError(f"no runs of job {label!r} ({h}) in {where}")
+    closest = min(summaries, key=lambda s: (len(job_diff(job, s.job)), s.job_hash))
+    diff = "; ".join(job_diff(job, closest.job)) or "no field differs"
+    raise ReportError(f"no runs of job {label!r} ({h}) in {where}: runs belong to different jobs (closest is "
+                      f"{closest.job_hash} '{closest.name}': {diff}); compare one job at a time with "
+                      f"--job-hash {closest.job_hash}")
+
+
+def select_jobs(summaries: Sequence[JobSummary], *, job_hash: str | None = None,
+                compare: Sequence[str] | None = None, job: Mapping[str, Any] | None = None,
+                where: str = "the results") -> list[JobSummary]:
+    """The jobs to report: all of them (default), one by hash (a unique prefix is enough), the job of a
+    ``Job.to_dict()``, or ``compare`` = two hashes, which must name the same job. ReportError otherwise."""
+    if sum(x is not None for x in (job_hash, compare, job)) > 1:
+        raise ReportError("use only one of --job-hash, --job and --compare")
+    if job_hash is not None:
+        return [_resolve(summaries, job_hash, where)]
+    if compare is not None:
+        if len(compare) != 2:
+            raise ReportError(f"--compare takes two job hashes, got {len(compare)}")
+        a, b = (_resolve(summaries, h, where) for h in compare)
+        if a.job_hash != b.job_hash:
+            raise ReportError(different_jobs_message(a, b))
+        return [a]
+    if job is not None:
+        return _job_of_file(summaries, job, where)
+    return list(summaries)

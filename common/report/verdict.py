@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from common.cluster import nccl
 from common.report.base import NA, in_unit, md_escape, plain
 from common.report.machines import binding_mix
-from common.report.rows import (
+from common.report.stats import MIN_CI_RUNS, NEEDS_RUNS, ratio_interval
+from common.report.summary import (
     RATIO_DEN,
     RATIO_NUM,
     JobSummary,
@@ -34,7 +35,6 @@ from common.report.rows import (
     memory_text,
     order_backends,
 )
-from common.report.stats import MIN_CI_RUNS, NEEDS_RUNS, ratio_interval
 from common.training.inputwait import KEPT_UP_FRACTION
 
 INPUT_BOUND = ("moderately input-bound", "highly input-bound")
