@@ -27,7 +27,6 @@ synchronisation between hosts needed).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -193,10 +192,12 @@ class Breakdown:
         return {"phases": step_phases(self.stamps, warm), "wall": hooks.marks[-1][1] - wall}
 
     def record(self, ctx: RunContext, built: Built, gathered: Gathered) -> BreakdownRecord:
+        from common.training.train import trainable_params
+
         job, backend, plan, opts = ctx.job, ctx.backend, ctx.plan, ctx.opts
         everyone = gathered.everyone
         warm = everyone[0]["warm"]
-        n_params = int(sum(int(math.prod(v.shape)) for v in built.model.trainable_variables))
+        n_params = trainable_params(built.model)
         figures = summarize([r["phases"] for r in everyone], [r["wall"] for r in everyone])
         for row, r in zip(figures["per_rank"], everyone):
             row["host"] = r["host"]

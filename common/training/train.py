@@ -51,6 +51,11 @@ def weights_fingerprint(model: Any) -> list[list[float]]:
     return out
 
 
+def trainable_params(model: Any) -> int:
+    """Trainable parameters: the gradient's size (what the records' ``gradient_bytes`` count)."""
+    return int(sum(int(math.prod(v.shape)) for v in model.trainable_variables))
+
+
 def weights_digest(model: Any, trainable_only: bool = False) -> str:
     """sha256 of the weights' bytes (all of them, or only the trainable ones)."""
     h = hashlib.sha256()
@@ -376,7 +381,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
     everyone = gathered.everyone
     stats = res.throughput_stats([r["clock_marks"] for r in everyone], plan.global_batch, everyone[0]["warm"],
                                  job.sync_interval)
-    n_params = int(sum(int(math.prod(v.shape)) for v in built.model.trainable_variables))
+    n_params = trainable_params(built.model)
     caps: Capabilities = backend.capabilities()
     return res.RunRecord(
         backend=backend.name,
