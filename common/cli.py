@@ -212,7 +212,7 @@ def early_facts(job: Job) -> DataFacts | None:
     if not usercode.is_ref(job.dataset):
         return data_mod.facts(job)
     data = usercode.load_before_tf(job)
-    return None if data is None else data_mod.DataFacts(len(data.x), data.input_shape, data.num_classes)
+    return None if data is None else data_mod.DataFacts.of(data)
 
 
 def load_user_data(prog: str, job: Job, replicas: int, chief_speaks: bool) -> DataFacts | None:
@@ -238,7 +238,7 @@ def load_user_data(prog: str, job: Job, replicas: int, chief_speaks: bool) -> Da
         print(f"[twinbench] dataset: {data.call}{given}: {did}; twinbench shuffles them with the job's seed "
               f"{job.seed}, batches and shards them exactly (the function ran with TensorFlow's global seed set to "
               "it)", flush=True)
-    return data_mod.DataFacts(len(data.x), data.input_shape, data.num_classes)
+    return data_mod.DataFacts.of(data)
 
 
 def unset_proxies() -> None:

@@ -48,8 +48,8 @@ def dataset_info(job: Job) -> tuple[int, tuple[int, ...], int | None]:
     if streams(job):  # known only in the ranks, from the dataset the function returns there
         raise DataError(f"dataset = {job.dataset!r} is an input function: its size is known only in the ranks")
     if usercode.is_ref(job.dataset):
-        data = usercode.load_data(job)
-        return len(data.x), data.input_shape, data.num_classes
+        facts = DataFacts.of(usercode.load_data(job))
+        return facts.samples, facts.input_shape, facts.num_classes
     n, shape, classes = DATASETS[job.dataset].info(job)
     if n < 1:
         raise DataError(f"{job.dataset}: the training files in {job.data_dir} hold no samples")
@@ -94,6 +94,11 @@ class DataFacts:
     samples: int  # training samples
     input_shape: tuple[int, ...]  # one sample's features
     num_classes: int | None  # None: labels that are not class indices
+
+    @classmethod
+    def of(cls, data: Any) -> DataFacts:
+        """A user dataset's (``usercode.load_data`` / ``load_before_tf``): its arrays' size and shapes."""
+        return cls(len(data.x), data.input_shape, data.num_classes)
 
     def labels(self, job: Job) -> np.ndarray:
         """A few training labels, the smallest and largest among them (integer labels): what the loss is checked
