@@ -18,25 +18,15 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
-from common.core.contract import Knob
+from backends import horovod_launch
+from common.core.contract import Knob, Launch
 
 MIB = 1024 * 1024
-FUSION = "HOROVOD_FUSION_THRESHOLD"
-CYCLE = "HOROVOD_CYCLE_TIME"
-CACHE = "HOROVOD_CACHE_CAPACITY"
-HIERARCHICAL = "HOROVOD_HIERARCHICAL_ALLREDUCE"
-AUTOTUNE = "HOROVOD_AUTOTUNE"
-AUTOTUNE_LOG = "HOROVOD_AUTOTUNE_LOG"
 XLA_OPS = "HOROVOD_ENABLE_XLA_OPS"  # changes the cycle time's default (not a knob here)
-VARIABLES = (FUSION, CYCLE, CACHE, HIERARCHICAL, AUTOTUNE, AUTOTUNE_LOG, XLA_OPS)  # what knobs() reads back
-FUSION_DEFAULT = 128 * MIB  # bytes: operations.cc:519
-CYCLE_DEFAULT = 1.0  # ms: operations.cc:527 (0 with HOROVOD_ENABLE_XLA_OPS, operations.cc:533)
-CACHE_DEFAULT = 1024  # tensor names: global_state.h:89
-# Where a launcher puts this process's rank before hvd.init (gloo_run, Open MPI, PMIx, MPICH/PMI, srun)
-RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
 # -- parsing as Horovod's C++ does -------------------------------------------------------------------------------
@@ -56,7 +46,7 @@ def c_strtof(text: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-# -- flags ---------------------------------------------------------------------------------------------------------
+# -- flags' types ---------------------------------------------------------------------------------------------
 def _mebibytes(text: str) -> float:
     try:
         v = float(text)
@@ -87,26 +77,79 @@ def _capacity(text: str) -> int:
     return v
 
 
+# -- the table: one row per knob ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One Horovod knob: its variable, its flag and how the record and the report say it. The flags
+    (``add_arguments``), the variables they set (``KnobFlags.variables``), the variables read back (``VARIABLES``,
+    ``snapshot``) and the record's knobs (``knobs``) are all made from ``TABLE``."""
+
+    env: str  # the HOROVOD_* variable Horovod reads in hvd.init
+    flag: str  # backends.horovod's flag that sets it
+    type: Callable[[str], Any] | None  # the flag's argparse type; None: a switch (given = on)
+    default: Any  # Horovod's own value when the variable is unset, as the record says it
+    label: Callable[[Any], str] | None  # how a report row names a value; None: a flag only, no knob in the record
+    read: Callable[[str], Any]  # the variable's text as Horovod's C++ parses it
+    write: Callable[[Any], str]  # a flag's value as the variable's text, as horovodrun writes it
+    help: str
+    metavar: str | None = None
+    name: str | None = None  # the record's key (None when ``label`` is None)
+    # (variable, value): Horovod's default becomes value when that variable is on (strtol > 0)
+    default_if: tuple[str, Any] | None = None
+
+    @property
+    def dest(self) -> str:
+        """The flag's argparse destination (and the ``KnobFlags`` key)."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def default_in(self, environ: Mapping[str, str]) -> Any:
+        if self.default_if is not None and c_strtol(environ.get(self.default_if[0]) or "0") > 0:
+            return self.default_if[1]
+        return self.default
+
+
+def _on(text: str) -> bool:
+    return c_strtol(text) > 0
+
+
+TABLE: tuple[Row, ...] = (
+    Row("HOROVOD_FUSION_THRESHOLD", "--fusion-threshold-mb", _mebibytes, 128 * MIB,  # bytes: operations.cc:519
+        lambda v: f"fusion {v / MIB:.4g} MiB" if v else "no fusion", c_strtol, lambda mb: str(int(mb * MIB)),
+        "tensor fusion buffer in MiB, HOROVOD_FUSION_THRESHOLD (default: the launcher's value, else Horovod's 128; "
+        "0 = no fusion)", "MB", "fusion_threshold_bytes"),
+    Row("HOROVOD_CYCLE_TIME", "--cycle-time-ms", _milliseconds, 1.0,  # ms: operations.cc:527 (0 with XLA ops, :533)
+        lambda v: f"cycle {v:g} ms", c_strtof, str,  # str: the shortest exact text, strtof reads it back
+        "ms between fusion cycles, HOROVOD_CYCLE_TIME (default: the launcher's value, else Horovod's 1)", "MS",
+        "cycle_time_ms", default_if=(XLA_OPS, 0.0)),
+    Row("HOROVOD_CACHE_CAPACITY", "--cache-capacity", _capacity, 1024,  # tensor names: global_state.h:89
+        lambda v: f"cache {v}" if v else "no response cache", lambda t: c_strtol(t) % 2**32, str,  # a uint32
+        "response cache entries, HOROVOD_CACHE_CAPACITY (default: the launcher's value, else Horovod's 1024; 0 = no "
+        "cache)", "N", "cache_capacity"),
+    Row("HOROVOD_HIERARCHICAL_ALLREDUCE", "--hierarchical-allreduce", None, False,
+        lambda v: "hierarchical allreduce" if v else "no hierarchical allreduce", _on, lambda _: "1",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (default off; Horovod applies it only across nodes, with NCCL)",
+        name="hierarchical_allreduce"),
+    Row("HOROVOD_AUTOTUNE", "--autotune", None, False, lambda v: "autotune" if v else "no autotune", _on, lambda _: "1",
+        "HOROVOD_AUTOTUNE=1: Horovod tunes fusion and cycle time while training (default off); values set here stay "
+        "fixed", name="autotune"),
+    Row("HOROVOD_AUTOTUNE_LOG", "--autotune-log", str, None, None, str,
+        os.path.abspath,  # rank 0's working directory may differ
+        "HOROVOD_AUTOTUNE_LOG: rank 0 writes every autotune trial there (needs --autotune)", "FILE"),
+)
+
+
+VARIABLES = (*(r.env for r in TABLE), XLA_OPS)  # what knobs() reads back
+BY_DEST = {r.dest: r for r in TABLE}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The knob flags; absent, Horovod's own value (its default, or what the launcher exported) stays."""
     g = p.add_argument_group("Horovod tuning (each sets its HOROVOD_* variable on every rank before hvd.init)")
-    g.add_argument("--fusion-threshold-mb", type=_mebibytes, default=None, metavar="MB",
-                   help="tensor fusion buffer in MiB, HOROVOD_FUSION_THRESHOLD (default: the launcher's value, else "
-                        "Horovod's 128; 0 = no fusion)")
-    g.add_argument("--cycle-time-ms", type=_milliseconds, default=None, metavar="MS",
-                   help="ms between fusion cycles, HOROVOD_CYCLE_TIME (default: the launcher's value, else "
-                        "Horovod's 1)")
-    g.add_argument("--cache-capacity", type=_capacity, default=None, metavar="N",
-                   help="response cache entries, HOROVOD_CACHE_CAPACITY (default: the launcher's value, else Horovod's "
-                        "1024; 0 = no cache)")
-    g.add_argument("--hierarchical-allreduce", action="store_true",
-                   help="HOROVOD_HIERARCHICAL_ALLREDUCE=1 (default off; Horovod applies it only across nodes, with "
-                        "NCCL)")
-    g.add_argument("--autotune", action="store_true",
-                   help="HOROVOD_AUTOTUNE=1: Horovod tunes fusion and cycle time while training (default off); "
-                        "values set here stay fixed")
-    g.add_argument("--autotune-log", default=None, metavar="FILE",
-                   help="HOROVOD_AUTOTUNE_LOG: rank 0 writes every autotune trial there (needs --autotune)")
+    for r in TABLE:
+        if r.type is None:
+            g.add_argument(r.flag, action="store_true", help=r.help)
+        else:
+            g.add_argument(r.flag, type=r.type, default=None, metavar=r.metavar, help=r.help)
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -118,45 +161,23 @@ def check(args: argparse.Namespace) -> str | None:
 
 @dataclass(frozen=True)
 class KnobFlags:
-    """The knob flags as given (None / False: not given, the environment's value or Horovod's default stays)."""
+    """The knob flags given, by ``Row.dest`` (a flag not given, None or a switch off, is absent: the environment's
+    value or Horovod's default stays)."""
 
-    fusion_threshold_mb: float | None = None
-    cycle_time_ms: float | None = None
-    cache_capacity: int | None = None
-    hierarchical_allreduce: bool = False
-    autotune: bool = False
-    autotune_log: str | None = None
+    given: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> KnobFlags:
-        return cls(args.fusion_threshold_mb, args.cycle_time_ms, args.cache_capacity, args.hierarchical_allreduce,
-                   args.autotune, args.autotune_log)
+        return cls(tuple((r.dest, v) for r in TABLE if (v := getattr(args, r.dest)) is not None and v is not False))
 
     def variables(self) -> dict[str, str]:
         """The HOROVOD_* variables these flags set, written as horovodrun writes them."""
-        out: dict[str, str] = {}
-        if self.fusion_threshold_mb is not None:
-            out[FUSION] = str(int(self.fusion_threshold_mb * MIB))
-        if self.cycle_time_ms is not None:
-            out[CYCLE] = str(self.cycle_time_ms)  # shortest exact text: strtof reads it back
-        if self.cache_capacity is not None:
-            out[CACHE] = str(self.cache_capacity)
-        if self.hierarchical_allreduce:
-            out[HIERARCHICAL] = "1"
-        if self.autotune:
-            out[AUTOTUNE] = "1"
-        if self.autotune_log is not None:
-            out[AUTOTUNE_LOG] = os.path.abspath(self.autotune_log)  # rank 0's working directory may differ
-        return out
+        return {BY_DEST[dest].env: BY_DEST[dest].write(v) for dest, v in self.given}
 
 
 def launch_rank(environ: Mapping[str, str]) -> int:
     """This process's rank as its launcher exported it (before hvd.init), 0 when none did."""
-    for name in RANK_VARIABLES:
-        v = environ.get(name, "")
-        if v.strip().isdigit():
-            return int(v)
-    return 0
+    return Launch(horovod_launch.LAUNCHERS).rank(environ) or 0
 
 
 def apply(flags: KnobFlags, environ: MutableMapping[str, str], prog: str) -> list[str]:
@@ -178,27 +199,20 @@ def apply(flags: KnobFlags, environ: MutableMapping[str, str], prog: str) -> lis
 def knobs(environ: Mapping[str, str]) -> list[Knob]:
     """The knobs as Horovod reads ``environ`` at init: a variable set (by a flag, the user or the launcher) is
     parsed as its C++ parses it, an unset one is Horovod's default."""
-    get = environ.get
-    cycle_default = 0.0 if c_strtol(get(XLA_OPS) or "0") > 0 else CYCLE_DEFAULT
-    fusion = c_strtol(v) if (v := get(FUSION)) is not None else FUSION_DEFAULT
-    cycle = c_strtof(v) if (v := get(CYCLE)) is not None else cycle_default
-    cache = c_strtol(v) % 2**32 if (v := get(CACHE)) is not None else CACHE_DEFAULT  # a uint32 in Horovod
-    hierarchical = hierarchical_asked(environ)
-    autotune = c_strtol(get(AUTOTUNE) or "0") > 0
-    return [
-        Knob("fusion_threshold_bytes", fusion, FUSION_DEFAULT,
-             f"fusion {fusion / MIB:.4g} MiB" if fusion else "no fusion"),
-        Knob("cycle_time_ms", cycle, cycle_default, f"cycle {cycle:g} ms"),
-        Knob("cache_capacity", cache, CACHE_DEFAULT, f"cache {cache}" if cache else "no response cache"),
-        Knob("hierarchical_allreduce", hierarchical, False,
-             "hierarchical allreduce" if hierarchical else "no hierarchical allreduce"),
-        Knob("autotune", autotune, False, "autotune" if autotune else "no autotune"),
-    ]
+    out = []
+    for r in TABLE:
+        if r.label is None or r.name is None:
+            continue
+        default = r.default_in(environ)
+        value = r.read(text) if (text := environ.get(r.env)) is not None else default
+        out.append(Knob(r.name, value, default, r.label(value)))
+    return out
 
 
 def hierarchical_asked(environ: Mapping[str, str]) -> bool:
     """HOROVOD_HIERARCHICAL_ALLREDUCE is on in ``environ`` (Horovod may still not apply it: see the module doc)."""
-    return c_strtol(environ.get(HIERARCHICAL) or "0") > 0
+    row = BY_DEST["hierarchical_allreduce"]
+    return bool(row.read(environ.get(row.env) or "0"))
 
 
 def snapshot(environ: Mapping[str, str]) -> dict[str, str]:

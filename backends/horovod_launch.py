@@ -28,6 +28,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
+from common.core.contract import Launcher
 from common.core.errors import UsageError
 
 ENV = "TWINBENCH_HOROVOD_CONTROLLER"
@@ -39,6 +40,25 @@ PROBE_TIMEOUT = 60.0  # seconds: loading TensorFlow's two shared libraries takes
 # forwards everything), as horovodrun forwards its whole environment.
 FORWARD_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
 FORWARD_PREFIXES = ("TF_", "HOROVOD_", "TWINBENCH_", "NCCL_", "OMPI_ALLOW_RUN_AS_ROOT")
+
+# How Horovod's ranks start, in order of precedence for the rank variables (horovodrun and mpirun may run inside a
+# Slurm allocation, whose SLURM_PROCID is the batch step's: theirs count first). Under Slurm, jobs/slurm/horovod.sbatch
+# starts them by HVD_LAUNCH (the first, srun, by default; tests/test_registry.py checks its choices are these).
+# horovodrun exports HOROVOD_RANK / HOROVOD_LOCAL_RANK / HOROVOD_LOCAL_SIZE to Gloo ranks
+# (horovod/runner/gloo_run.py); Open MPI OMPI_COMM_WORLD_*, Open MPI 5 PMIX_RANK, MPICH's Hydra PMI_RANK and
+# MPI_LOCALRANKID / MPI_LOCALNRANKS; srun SLURM_PROCID / SLURM_LOCALID and, by its --mpi plugin, PMIX_RANK or PMI_RANK.
+LAUNCHERS = (
+    Launcher("srun", ("slurm",), "srun --mpi=$TWINBENCH_SRUN_MPI: one job-step task per rank (MPI controller)",
+             rank=("PMIX_RANK", "PMI_RANK", "SLURM_PROCID"), local_rank=("SLURM_LOCALID",),
+             local_size=("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"), job_step=True),
+    Launcher("horovodrun", ("local", "hosts", "slurm"),
+             "horovodrun -np N -H HOSTS (--gloo here; in an allocation the controller horovodrun picks)",
+             rank=("HOROVOD_RANK",), local_rank=("HOROVOD_LOCAL_RANK",), local_size=("HOROVOD_LOCAL_SIZE",)),
+    Launcher("mpirun", ("local", "hosts"), "mpirun with horovodrun's own flags (MPI controller)",
+             rank=("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"),
+             local_rank=("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+             local_size=("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")),
+)
 
 # Run by the Python that will run the ranks: Horovod's TensorFlow extension, loaded with the two TensorFlow libraries
 # it links (found by their packages' locations, nothing imported), asked what it was compiled with.

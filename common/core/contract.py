@@ -12,7 +12,8 @@ one gradient reduction of Keras fit, the custom loop, Keras 3, the breakdown and
 say how it reduces gradients cannot be constructed (TypeError naming it), where a default would train one
 independent model per rank. The others default to what a one-process backend without a collective library of its
 own would do. ``BackendSpec`` is the module-level half
-(``PROG``, ``Options``, ``parser``, ``make_backend``, ``local_command``, ``doctor``, ``main``).
+(``PROG``, ``Options``, ``parser``, ``make_backend``, ``local_command``, ``doctor``, ``main``, and what it knows
+without being built: ``LAUNCH``, its launchers, and ``stack``, its check of a stack as it is).
 
 Shared code reads ``Capabilities`` fields, never keys of ``describe()``, and never asks which backend it runs:
 what only one backend means (native's parameter servers, its profiler warning) stays in that backend's module.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import abc
 import argparse
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
@@ -312,6 +313,105 @@ class Backend(Lifecycle, abc.ABC):
         return self.info.is_chief
 
 
+# -- what a backend knows of starting its ranks and of the stack -------------------------------------------------
+SCOPES = ("local", "hosts", "slurm")  # where a launcher starts ranks: this host, a host list, a Slurm allocation
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """One way a backend's ranks are started, and what a rank it started reads to know its place.
+
+    ``rank``, ``local_rank`` and ``local_size`` name the environment variables the launcher exports to each rank,
+    the first one set counting; empty when the rank learns its place otherwise (native's TF_CONFIG task index)."""
+
+    name: str  # as the sbatch script's choice and the sweep's flag name it: "srun", "horovodrun", "mpirun", "nproc"
+    scopes: tuple[str, ...]  # where it starts ranks, of SCOPES
+    summary: str  # one line: the command, and what it needs
+    rank: tuple[str, ...] = ()
+    local_rank: tuple[str, ...] = ()
+    local_size: tuple[str, ...] = ()
+    job_step: bool = False  # under Slurm, every rank is a task of a job step (srun): Slurm signals and binds it
+
+    def __post_init__(self) -> None:
+        if not self.scopes or not set(self.scopes) <= set(SCOPES):
+            raise ValueError(f"launcher {self.name}: scopes {self.scopes}: use some of {', '.join(SCOPES)}")
+
+
+LaunchEnv = tuple[dict[str, str], str]  # (variables to export to every launch line, one line saying the choice)
+
+
+def no_launch_env(python: str) -> LaunchEnv | None:
+    """``Launch.env``'s default: the launch lines depend on nothing resolved beforehand."""
+    return None
+
+
+def _first_int(environ: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        v = environ.get(name, "").strip()
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a backend knows of starting its ranks (the spec's ``LAUNCH``): its launchers (under Slurm the first is
+    the sbatch script's default), the variable its sbatch script reads to choose its Slurm launcher (the sweep
+    passes it: ``HVD_LAUNCH`` is the sweep's ``--hvd-launch``; None: no choice), and what a command starting many
+    runs resolves once for all their launch lines (``env``; the default: nothing)."""
+
+    launchers: tuple[Launcher, ...]
+    slurm_variable: str | None = None
+    env: Callable[[str], LaunchEnv | None] = no_launch_env
+
+    def at(self, scope: str) -> tuple[Launcher, ...]:
+        """The launchers that start ranks in ``scope``; under Slurm the first is the sbatch script's default."""
+        return tuple(x for x in self.launchers if scope in x.scopes)
+
+    def named(self, name: str, scope: str) -> Launcher:
+        """The launcher ``name`` of ``scope``; ValueError (one line) naming the ones there are."""
+        for x in self.at(scope):
+            if x.name == name:
+                return x
+        raise ValueError(f"unknown {scope} launcher {name!r}: use one of {', '.join(x.name for x in self.at(scope))}")
+
+    @property
+    def slurm_flag(self) -> str | None:
+        """The sweep's flag that sets ``slurm_variable``: HVD_LAUNCH -> --hvd-launch."""
+        return "--" + self.slurm_variable.lower().replace("_", "-") if self.slurm_variable else None
+
+    def _by_precedence(self) -> list[Launcher]:
+        # A launcher started inside a Slurm job step (horovodrun or mpirun in the batch step) leaves that step's
+        # variables (SLURM_PROCID: the batch step's 0) in every rank's environment: the job-step launchers count last.
+        return sorted(self.launchers, key=lambda x: x.job_step)
+
+    def rank_variables(self) -> tuple[str, ...]:
+        """Every variable a launcher puts the rank in, the first set counting."""
+        return tuple(dict.fromkeys(v for x in self._by_precedence() for v in x.rank))
+
+    def rank(self, environ: Mapping[str, str]) -> int | None:
+        """This process's rank as a launcher exported it (before any library is initialised), None when none did."""
+        return _first_int(environ, self.rank_variables())
+
+    def local_place(self, environ: Mapping[str, str]) -> tuple[int, int] | None:
+        """(local rank, local size) as the first launcher that exported a local rank says them, None when none did
+        (a size it does not export: 1)."""
+        for x in self._by_precedence():
+            local = _first_int(environ, x.local_rank)
+            if local is not None:
+                return local, _first_int(environ, x.local_size) or 1
+        return None
+
+
+@dataclass(frozen=True)
+class StackCheck:
+    """One backend's verdict in ``python -m common.doctor --stack``: can it run on this stack as it is, and its own
+    lines (what it imports beyond TensorFlow, how its ranks would start)."""
+
+    ok: bool
+    lines: tuple[str, ...] = ()
+
+
 @runtime_checkable
 class BackendSpec(Protocol):
     """The module-level half of a backend (``backends/NAME.py``), what code that never builds a ``Backend`` calls:
@@ -333,6 +433,12 @@ class BackendSpec(Protocol):
 
     def doctor(self, tf_version: str | None) -> Diagnosis:
         """Can it run here, with what, and what is missing."""
+
+    LAUNCH: Launch  # how its ranks start: local, multi-host, Slurm; what each rank reads to know its place
+
+    def stack(self, shared_ok: bool) -> StackCheck:
+        """``python -m common.doctor --stack``: can it run on this Python's stack as it is, nothing built, given
+        whether the shared stack (TensorFlow and tf-keras, judged by the doctor) can (``shared_ok``)."""
 
     def main(self, argv: list[str] | None = None) -> int:
         """``backends.entrypoint.run_main(PROG, T0, parser, make_backend, argv)``."""
