@@ -11,6 +11,8 @@ T0 = time.time()  # process start, for time-to-first-step (TF import counts: use
 
 import argparse  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -29,7 +31,9 @@ from common.core.contract import (  # noqa: E402
     Capabilities,
     Collective,
     Diagnosis,
+    Launch,
     RankInfo,
+    StackCheck,
     Warmup,
 )
 from common.core.errors import UsageError  # noqa: E402
@@ -145,9 +149,64 @@ def doctor(tf_version: str | None) -> Diagnosis:
     return Diagnosis(True, "ok", details, [])
 
 
-def stack_launch(built: dict[str, bool], asked: str | None, mpirun: str | None) -> tuple[list[str], bool]:
-    """The stack doctor's lines on how this build's ranks would be started (backends/horovod_launch.py)."""
-    return launch.stack_lines(built, asked, mpirun)
+LAUNCH = Launch(launch.LAUNCHERS, slurm_variable="HVD_LAUNCH", env=launch_env)
+
+
+# -- the stack doctor (python -m common.doctor --stack) ----------------------------------------------------------
+def stack_facts() -> dict[str, Any]:
+    """What this Python's Horovod and MPI are, read the way the runs read them (an import, Horovod's own build
+    queries, ``mpirun --version``); called after the doctor imported TensorFlow."""
+    facts: dict[str, Any] = {}
+    try:
+        import horovod
+        import horovod.tensorflow as hvd
+
+        facts["horovod"] = horovod.__version__
+        # horovod.common.basics: mpi_built/gloo_built True or False, nccl_built NCCL's version code (0: none)
+        facts["horovod_built"] = {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()),
+                                  "nccl": int(hvd.nccl_built()), "cuda": bool(hvd.cuda_built()),
+                                  "rocm": bool(hvd.rocm_built())}
+        from common.core import buildinfo
+
+        facts["horovod_build"] = "twinbench's build" if buildinfo.read_marker() else "found in the stack"
+        facts["horovod_controller_asked"] = os.environ.get(launch.ENV)
+    except Exception as e:  # noqa: BLE001 - any import failure is the fact
+        facts["horovod_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    mpirun = shutil.which("mpirun")
+    if mpirun:
+        try:
+            v = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20).stdout
+            facts["mpi"] = (v.strip().splitlines() or ["?"])[0]
+        except (OSError, subprocess.TimeoutExpired):
+            facts["mpi"] = "?"
+    return facts
+
+
+def judge_stack(f: dict[str, Any], shared_ok: bool) -> StackCheck:
+    """One line per fact of ``stack_facts``; Horovod can run when the shared stack can and a launch can start its
+    ranks (backends/horovod_launch.py)."""
+    built, lines = f.get("horovod_built"), []
+    if built is None:
+        lines.append(f"horovod: cannot run: horovod.tensorflow does not import ({f.get('horovod_error', '?')})")
+    else:
+        lines.append(f"horovod: {f['horovod']} with TensorFlow support, {f.get('horovod_build', '?')}: ok")
+        ctl = [n for n in ("mpi", "gloo") if built[n]]
+        lines.append("horovod controllers: " + (", ".join(c.upper() if c == "mpi" else c.title() for c in ctl)
+                                                if ctl else "none: cannot run (built without MPI and Gloo)"))
+        gpu = "NCCL" if built["nccl"] else ("MPI" if built["cuda"] or built["rocm"] else "none (a CPU build)")
+        lines.append(f"horovod GPU operations: {gpu}")
+    lines.append(f"mpi: {f['mpi']}" if f.get("mpi") else
+                 "mpi: no mpirun on PATH (Horovod runs under horovodrun --gloo or srun --mpi=pmix)")
+    launch_ok = False
+    if built is not None:
+        launch_lines, launch_ok = launch.stack_lines(built, f.get("horovod_controller_asked"), f.get("mpi"))
+        lines += launch_lines
+    return StackCheck(shared_ok and launch_ok, tuple(lines))
+
+
+def stack(shared_ok: bool) -> StackCheck:
+    """Horovod on this stack as it is: it imports with TensorFlow support, and a launch can start its ranks."""
+    return judge_stack(stack_facts(), shared_ok)
 
 
 class HorovodBackend(Backend):

@@ -46,7 +46,10 @@ from common.core.contract import (  # noqa: E402
     Collective,
     Diagnosis,
     Knob,
+    Launch,
+    Launcher,
     RankInfo,
+    StackCheck,
     TrainLoop,
     size_text,
 )
@@ -129,6 +132,25 @@ def doctor(tf_version: str | None) -> Diagnosis:
     if tf_version is None:
         return Diagnosis(False, "cannot run: TensorFlow is not importable", {}, [])
     return Diagnosis(True, "ok", {}, [])
+
+
+# How native's workers start, and what each reads to know its place on its host (backends/native_cluster.py reads
+# its rank from TF_CONFIG's task index or Slurm's layout; these variables where neither says it).
+LAUNCH = Launch((
+    Launcher("nproc", ("local",), "python -m backends.native --nproc N: N workers on loopback with a generated "
+             "TF_CONFIG", local_rank=("TWINBENCH_LOCAL_RANK",), local_size=("TWINBENCH_LOCAL_SIZE",)),
+    Launcher("tf_config", ("hosts",), "one process per worker with its own TF_CONFIG (cluster and task index), "
+             "started by hand, ssh or mpirun", local_rank=("OMPI_COMM_WORLD_LOCAL_RANK",),
+             local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",)),
+    Launcher("srun", ("slurm",), "srun: one job-step task per worker, the cluster from SlurmClusterResolver",
+             rank=("SLURM_PROCID",), local_rank=("SLURM_LOCALID",),
+             local_size=("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"), job_step=True),
+))
+
+
+def stack(shared_ok: bool) -> StackCheck:
+    """tf.distribute comes with TensorFlow: native runs wherever the shared stack (TensorFlow, tf-keras) can."""
+    return StackCheck(shared_ok)
 
 
 # -- the strategy -----------------------------------------------------------------------------------------------------

@@ -1,11 +1,10 @@
 """``python -m common.doctor``: can each backend run here, and with what? Exit 1 when a backend cannot run.
 
 ``python -m common.doctor --stack``: can this stack (a container's or a module's Python, twinbench run from its
-checkout) run both backends as it is, nothing built: one line each for TensorFlow (2.16-2.21), tf-keras (TensorFlow's
-minor, present or installable beside it), Horovod (imports with TensorFlow support; twinbench's build or found), its
-controllers and GPU operations (what ``horovodrun --check-build`` lists), MPI, how twinbench would launch Horovod's
-ranks (the controller the build has or TWINBENCH_HOROVOD_CONTROLLER names), and the verdict; exit 0 when both
-backends can run, else 2."""
+checkout) run every registered backend as it is, nothing built: one line each for TensorFlow (2.16-2.21) and
+tf-keras (TensorFlow's minor, present or installable beside it), then each backend's own lines (its
+``BackendSpec.stack``: Horovod's import with TensorFlow support, its controllers and GPU operations, MPI, how
+twinbench would launch its ranks), and the verdict; exit 0 when every backend can run, else 2."""
 
 from __future__ import annotations
 
@@ -13,9 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from common.core import buildinfo, registry, tfquiet
+from common.core.contract import StackCheck
 
 ENV_PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "PMIX_", "PMI_", "HOROVOD_", "NCCL_", "TF_CONFIG", "CUDA_VISIBLE")
 
@@ -69,7 +70,6 @@ def check() -> dict[str, Any]:
 
 
 # -- the stack as it is -------------------------------------------------------------------------------------------
-HOROVOD_CONTROLLER_ENV = "TWINBENCH_HOROVOD_CONTROLLER"  # how the ranks are launched (backends/horovod_launch.py)
 SUPPORTED_TF = ((2, 16), (2, 21))  # TensorFlow minors twinbench runs on (tf-keras exists, Horovod 0.28.1 builds)
 
 
@@ -79,7 +79,8 @@ def _minor(version: str) -> tuple[int, int] | None:
 
 
 def stack_facts() -> dict[str, Any]:
-    """What this Python's stack has, read the way the runs read it (imports, Horovod's own build queries)."""
+    """What this Python's shared stack has (Python, TensorFlow, tf-keras), read the way the runs read it; each
+    backend then reads its own (``BackendSpec.stack``)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     facts: dict[str, Any] = {"python": sys.version.split()[0], "tf_keras": buildinfo._installed("tf-keras")}
@@ -89,31 +90,11 @@ def stack_facts() -> dict[str, Any]:
         facts["tensorflow"] = tf.__version__
     except Exception as e:  # noqa: BLE001 - any import failure is the fact
         facts["tensorflow_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-    try:
-        import horovod
-        import horovod.tensorflow as hvd
-
-        facts["horovod"] = horovod.__version__
-        # horovod.common.basics: mpi_built/gloo_built True or False, nccl_built NCCL's version code (0: none)
-        facts["horovod_built"] = {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()),
-                                  "nccl": int(hvd.nccl_built()), "cuda": bool(hvd.cuda_built()),
-                                  "rocm": bool(hvd.rocm_built())}
-        facts["horovod_build"] = "twinbench's build" if buildinfo.read_marker() else "found in the stack"
-        facts["horovod_controller_asked"] = os.environ.get(HOROVOD_CONTROLLER_ENV)
-    except Exception as e:  # noqa: BLE001 - any import failure is the fact
-        facts["horovod_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-    mpirun = shutil.which("mpirun")
-    if mpirun:
-        try:
-            v = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20).stdout
-            facts["mpi"] = (v.strip().splitlines() or ["?"])[0]
-        except (OSError, subprocess.TimeoutExpired):
-            facts["mpi"] = "?"
     return facts
 
 
-def judge_stack(f: dict[str, Any]) -> tuple[list[str], bool, bool]:
-    """One line per fact, and whether the native and the Horovod backend can run on this stack as it is."""
+def judge_shared(f: dict[str, Any]) -> tuple[list[str], bool]:
+    """One line per shared fact, and whether TensorFlow and tf-keras, which every backend needs, can run."""
     lo, hi = (".".join(map(str, v)) for v in SUPPORTED_TF)
     tf, lines = f.get("tensorflow"), [f"python: {f.get('python', '?')}"]
     tf_ok = tf is not None and (_minor(tf) or (0, 0)) >= SUPPORTED_TF[0] and (_minor(tf) or (99, 0)) <= SUPPORTED_TF[1]
@@ -131,36 +112,34 @@ def judge_stack(f: dict[str, Any]) -> tuple[list[str], bool, bool]:
         keras_ok = False
     elif tf_ok:
         lines.append(f"tf-keras: {tfk} (TensorFlow's minor): ok")
-    built = f.get("horovod_built")
-    if built is None:
-        lines.append(f"horovod: cannot run: horovod.tensorflow does not import ({f.get('horovod_error', '?')})")
-    else:
-        lines.append(f"horovod: {f['horovod']} with TensorFlow support, {f.get('horovod_build', '?')}: ok")
-        ctl = [n for n in ("mpi", "gloo") if built[n]]
-        lines.append("horovod controllers: " + (", ".join(c.upper() if c == "mpi" else c.title() for c in ctl)
-                                                if ctl else "none: cannot run (built without MPI and Gloo)"))
-        gpu = "NCCL" if built["nccl"] else ("MPI" if built["cuda"] or built["rocm"] else "none (a CPU build)")
-        lines.append(f"horovod GPU operations: {gpu}")
-    lines.append(f"mpi: {f['mpi']}" if f.get("mpi") else
-                 "mpi: no mpirun on PATH (Horovod runs under horovodrun --gloo or srun --mpi=pmix)")
-    launch_ok = False
-    if built is not None:
-        launch_lines, launch_ok = registry.load("horovod").stack_launch(built, f.get("horovod_controller_asked"),
-                                                                        f.get("mpi"))
-        lines += launch_lines
-    native = tf_ok and keras_ok
-    hvd = native and launch_ok
-    lines.append(f"backends: native {'can run' if native else 'cannot run'}, horovod "
-                 f"{'can run' if hvd else 'cannot run'}")
-    return lines, native, hvd
+    return lines, tf_ok and keras_ok
+
+
+def judge_stack(f: dict[str, Any], stacks: Mapping[str, Callable[[bool], StackCheck]]) -> tuple[list[str],
+                                                                                            dict[str, bool]]:
+    """The shared lines, then each backend's (``stacks``: name -> its ``stack``, in the registry's order), then
+    the verdict line; and whether each backend can run on this stack as it is."""
+    lines, shared_ok = judge_shared(f)
+    can = {}
+    for name, check in stacks.items():
+        verdict = check(shared_ok)
+        lines += verdict.lines
+        can[name] = verdict.ok
+    lines.append("backends: " + ", ".join(f"{n} {'can run' if ok else 'cannot run'}" for n, ok in can.items()))
+    return lines, can
+
+
+def stack_main() -> int:
+    """``--stack``: exit 0 when every registered backend can run on this stack as it is, else 2."""
+    lines, can = judge_stack(stack_facts(), {n: registry.load(n).stack for n in registry.names()})
+    print("\n".join(f"stack {line}" for line in lines))
+    return 0 if all(can.values()) else 2
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--stack"]:
-        lines, native, hvd = judge_stack(stack_facts())
-        print("\n".join(f"stack {line}" for line in lines))
-        return 0 if native and hvd else 2
+        return stack_main()
     if argv:
         print("usage: python -m common.doctor [--stack]", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
-"""What a command that starts many runs resolves once for all their launch lines: each backend's ``launch_env``
-(Horovod: the controller its build has or TWINBENCH_HOROVOD_CONTROLLER names, backends/horovod_launch.py), checked
-before any run (UsageError: one line, exit 2), then exported while the runs start. No TensorFlow here."""
+"""What a command that starts many runs resolves once for all their launch lines: each backend's ``LAUNCH.env``
+(``common.core.contract.Launch``; Horovod: the controller its build has or TWINBENCH_HOROVOD_CONTROLLER names,
+backends/horovod_launch.py; by default nothing), checked before any run (UsageError: one line, exit 2), then exported
+while the runs start. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ def resolve(backends: Iterable[str], python: str) -> tuple[dict[str, str], list[
     env: dict[str, str] = {}
     said = []
     for name in backends:
-        launch_env = getattr(registry.load(name), "launch_env", None)
-        if launch_env is not None:
-            more, line = launch_env(python)
+        resolved = registry.load(name).LAUNCH.env(python)
+        if resolved is not None:
+            more, line = resolved
             env.update(more)
             said.append(line)
     return env, said

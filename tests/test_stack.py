@@ -174,10 +174,14 @@ _STACK = {"python": "3.11.2", "tensorflow": "2.21.0", "tf_keras": "2.21.0", "hor
      "sweep's --hvd-launch horovodrun)", True, True),
 ])
 def test_the_stack_doctor_says_what_can_run_in_one_line_each(change, line, native, hvd):
+    from backends import horovod
+    from backends import native as native_mod
     from common import doctor
 
-    lines, can_native, can_hvd = doctor.judge_stack({**_STACK, **change})
-    assert (can_native, can_hvd) == (native, hvd)
+    facts = {**_STACK, **change}  # the shared facts and Horovod's, judged as the doctor and Horovod's spec do
+    stacks = {"native": native_mod.stack, "horovod": lambda ok: horovod.judge_stack(facts, ok)}
+    lines, can = doctor.judge_stack(facts, stacks)
+    assert (can["native"], can["horovod"]) == (native, hvd)
     if line == "stack-ok":
         assert lines[1:5] == ["tensorflow: 2.21.0 (in 2.16-2.21): ok", "tf-keras: 2.21.0 (TensorFlow's minor): ok",
                               "horovod: 0.28.1 with TensorFlow support, found in the stack: ok",

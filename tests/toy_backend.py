@@ -40,6 +40,14 @@ def doctor(tf_version: str | None) -> base.Diagnosis:
     return base.Diagnosis(ok, "ok" if ok else "cannot run: TensorFlow is not importable", {}, [])
 
 
+# One process started as it is: nothing to resolve before (Launch's default env), no Slurm launcher of its own.
+LAUNCH = base.Launch((base.Launcher("python", ("local",), "python -m tests.toy_backend: one process"),))
+
+
+def stack(shared_ok: bool) -> base.StackCheck:
+    return base.StackCheck(shared_ok, ("toy: nothing beyond TensorFlow",))
+
+
 class ToyBackend(base.Backend):
     name = "toy"
 

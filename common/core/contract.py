@@ -346,8 +346,9 @@ def no_launch_env(python: str) -> LaunchEnv | None:
 
 
 def _first_int(environ: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    """The first of ``names`` set to a count; Slurm's per-node lists ("2(x3),1") give their first node's."""
     for name in names:
-        v = environ.get(name, "").strip()
+        v = environ.get(name, "").split("(")[0].split(",")[0].strip()
         if v.isdigit():
             return int(v)
     return None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.core import registry
+from common.sweep import layout as sl
 from common.sweep.layout import SweepError
 
 TEMPLATE = Path(__file__).with_name("allocation.sbatch")
@@ -145,8 +146,10 @@ def check_options(a: Any) -> None:
         raise SweepError("--rounds-per-job needs --one-allocation")
     if a.rounds_per_job is not None and a.rounds_per_job < 1:
         raise SweepError(f"--rounds-per-job must be >= 1, got {a.rounds_per_job}")
-    if a.one_allocation and a.hvd_launch != "srun":
-        raise SweepError("--one-allocation launches every run as a job step with srun: --hvd-launch horovodrun is "
-                         "not supported with it")
+    for b, name in sl.chosen_launchers(a).items():
+        launch = sl.slurm_launches()[b]
+        if a.one_allocation and not launch.named(name, "slurm").job_step:
+            raise SweepError(f"--one-allocation launches every run as a job step with srun: {launch.slurm_flag} "
+                             f"{name} is not supported with it")
     if a.one_allocation and a.serial:
         raise SweepError("--one-allocation already runs one run at a time: drop --serial")

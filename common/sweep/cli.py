@@ -68,6 +68,7 @@ from common import cli
 from common.core import registry
 from common.core import results as res
 from common.sweep import allocation as sa
+from common.sweep import layout as sl
 from common.sweep import order as so
 from common.sweep import resume as rv
 from common.sweep.layout import SweepError
@@ -230,8 +231,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--exclusive", action="store_true", help="whole nodes for every run (sbatch --exclusive)")
     s.add_argument("--serial", action="store_true",
                    help="one run at a time: each job depends on the previous one (afterany)")
-    s.add_argument("--hvd-launch", choices=("srun", "horovodrun"), default="srun",
-                   help="how horovod.sbatch starts ranks (default srun --mpi=pmix)")
+    sl.slurm_launch_flags(s)  # --hvd-launch
     so.add_options(s)
     sa.add_options(s)
     s.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",

@@ -13,10 +13,34 @@ from __future__ import annotations
 import argparse
 
 from common.core import registry
+from common.core.contract import Launch
 
 
 class SweepError(Exception):
     """Bad input; the message is the one line the user sees."""
+
+
+def slurm_launches() -> dict[str, Launch]:
+    """The backends whose sbatch script chooses among Slurm launchers (``Launch.slurm_variable``, e.g. Horovod's
+    HVD_LAUNCH), by name: the sweep's flag for each (``Launch.slurm_flag``), its check and its export read these."""
+    launches = {b: registry.load(b).LAUNCH for b in registry.names()}
+    return {b: x for b, x in launches.items() if x.slurm_variable}
+
+
+def slurm_launch_flags(s: argparse.ArgumentParser) -> None:
+    """``submit``'s flag per backend with a choice of Slurm launchers (``--hvd-launch``), its choices declared by the
+    backend (``Launch.at("slurm")``), the first by default."""
+    for b, launch in slurm_launches().items():
+        choices = [x.name for x in launch.at("slurm")]
+        said = "; ".join(f"{x.name}: {x.summary}" for x in launch.at("slurm"))
+        s.add_argument(launch.slurm_flag or "", dest=f"{b}_launch", choices=choices, default=choices[0],
+                       help=f"how {registry.entry(b).slurm_script} starts {b}'s ranks, exported as "
+                            f"{launch.slurm_variable} (default {choices[0]}; {said})")
+
+
+def chosen_launchers(a: argparse.Namespace) -> dict[str, str]:
+    """Each backend's Slurm launcher as ``submit`` chose it (the backends without a choice absent)."""
+    return {b: getattr(a, f"{b}_launch") for b in slurm_launches()}
 
 
 def parse_counts(text: str, flag: str, what: str) -> list[int]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from common.core.text import text_table
+from common.sweep import layout
 
 DEFAULT_MAX_REPEATS = 12  # submit --max-repeats: the cap of `extend`
 EXIT_NOT_CONVERGED = 4  # status --until: every run finished, a cell is not yet within the width
@@ -115,7 +116,9 @@ def add_options(s: argparse.ArgumentParser) -> None:
 
 def launch_env(a: argparse.Namespace) -> dict[str, str]:
     """The environment the sbatch scripts read for the launch (jobs/slurm/env.sh), exported to every job."""
-    out = {"HVD_LAUNCH": a.hvd_launch, "TWINBENCH_SRUN_MPI": a.srun_mpi, "TWINBENCH_HINT": a.hint}
+    launches = layout.slurm_launches()
+    out = {launches[b].slurm_variable or "": name for b, name in layout.chosen_launchers(a).items()}
+    out.update({"TWINBENCH_SRUN_MPI": a.srun_mpi, "TWINBENCH_HINT": a.hint})
     if a.module_purge:
         out["TWINBENCH_MODULE_PURGE"] = "1"
     return out

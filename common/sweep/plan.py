@@ -85,7 +85,7 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "backends": chosen,
         "variants": [v.to_dict() for v in variants],
         "gres_per_node": a.gres_per_node,
-        "hvd_launch": a.hvd_launch,
+        "launchers": sl.chosen_launchers(a),  # each backend's Slurm launcher, where its script has a choice
         "serial": a.serial,
         "one_allocation": a.one_allocation,  # every run a job step of one job (per --rounds-per-job rounds)
         "rounds_per_job": a.rounds_per_job,  # None: every round in one job
