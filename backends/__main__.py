@@ -3,8 +3,10 @@ argument per line, the command that starts N local ranks of backend NAME with th
 such as scripts/demo.sh, which must not spell backend names themselves). With ``TWINBENCH_CONTAINER`` set, that
 command runs the launcher and all its ranks inside the site's image (common/cluster/container.py).
 ``python -m backends launch-env`` resolves, once for a script that starts many runs, what each backend's launch lines
-depend on (Horovod's controller: backends/horovod_launch.py): ``NAME=VALUE`` lines to export on stdout, one line
-per backend saying the choice on stderr; a choice that cannot run is one line and exit 2."""
+depend on (its ``LAUNCH.env``; Horovod's controller: backends/horovod_launch.py): ``NAME=VALUE`` lines to export on
+stdout, one line per backend saying the choice on stderr; a choice that cannot run is one line and exit 2.
+``python -m backends launchers`` lists every backend's launchers (``LAUNCH``: where each starts ranks, what a rank
+reads to know its rank)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv == ["launch-env"]:
         return launch_env()
+    if argv == ["launchers"]:
+        return launchers()
     if argv[:1] == ["command"] and len(argv) >= 3 and argv[2].isdigit() and int(argv[2]) >= 1:
         try:
             module = registry.load(argv[1])
@@ -36,7 +40,7 @@ def main(argv: list[str]) -> int:
             print(f"backends: error: {e}", file=sys.stderr)
             return 2
         return 0
-    print("usage: python -m backends names | command NAME N [ARG ...] | launch-env", file=sys.stderr)
+    print("usage: python -m backends names | command NAME N [ARG ...] | launch-env | launchers", file=sys.stderr)
     return 2
 
 
@@ -49,6 +53,18 @@ def launch_env() -> int:
         return 2
     print("\n".join(f"{k}={v}" for k, v in env.items()))
     print("\n".join(said), file=sys.stderr)
+    return 0
+
+
+def launchers() -> int:
+    """One line per backend and launcher: ``NAME LAUNCHER SCOPES rank: VARIABLES: summary`` (the Slurm ones the
+    sbatch script chooses among by the backend's variable, the first its default)."""
+    for name in registry.names():
+        launch = registry.load(name).LAUNCH
+        for x in launch.launchers:
+            choice = f" ({launch.slurm_variable}={x.name})" if launch.slurm_variable and "slurm" in x.scopes else ""
+            rank = ",".join(x.rank) or "-"
+            print(f"{name} {x.name} {','.join(x.scopes)}{choice} rank: {rank}: {x.summary}")
     return 0
 
 
