@@ -3,7 +3,7 @@
     python -m common.sweep submit --job jobs/X.toml --results DIR [--sizes 1,2,4,8] [--nodes 1,2]
                                   [--backends native,horovod | --variant LABEL=BACKEND[:ARGS] ...]
                                   [--gres-per-node N] [--cpus-per-task C] [--time T] [--partition P]
-                                  [--account A] [--exclusive] [--serial] [--hvd-launch srun|horovodrun]
+                                  [--account A] [--exclusive] [--serial] [--hvd-launch LAUNCHER]
                                   [--repeats R [--order-seed S] [--max-repeats N]] [--hint H] [--srun-mpi TYPE]
                                   [--module-purge] [--one-allocation [--rounds-per-job K]]
                                   [--set KEY=VALUE ...] [--sbatch-arg ARG ...] [--backend-arg ARG ...]
