@@ -60,7 +60,7 @@ def launchers() -> int:
     """One line per backend and launcher: ``NAME LAUNCHER SCOPES rank: VARIABLES: summary`` (the Slurm ones the
     sbatch script chooses among by the backend's variable, the first its default)."""
     for name in registry.names():
-        launch = registry.load(name).LAUNCH
+        launch = registry.spec(name).LAUNCH
         for x in launch.launchers:
             choice = f" ({launch.slurm_variable}={x.name})" if launch.slurm_variable and "slurm" in x.scopes else ""
             rank = ",".join(x.rank) or "-"

@@ -131,7 +131,7 @@ def judge_stack(f: dict[str, Any], stacks: Mapping[str, Callable[[bool], StackCh
 
 def stack_main() -> int:
     """``--stack``: exit 0 when every registered backend can run on this stack as it is, else 2."""
-    lines, can = judge_stack(stack_facts(), {n: registry.load(n).stack for n in registry.names()})
+    lines, can = judge_stack(stack_facts(), {n: registry.spec(n).stack for n in registry.names()})
     print("\n".join(f"stack {line}" for line in lines))
     return 0 if all(can.values()) else 2
 

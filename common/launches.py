@@ -18,7 +18,7 @@ def resolve(backends: Iterable[str], python: str) -> tuple[dict[str, str], list[
     env: dict[str, str] = {}
     said = []
     for name in backends:
-        resolved = registry.load(name).LAUNCH.env(python)
+        resolved = registry.spec(name).LAUNCH.env(python)
         if resolved is not None:
             more, line = resolved
             env.update(more)

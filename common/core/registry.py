@@ -21,6 +21,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import cast
+
+from common.core.contract import BackendSpec
 
 
 @dataclass(frozen=True)
@@ -64,3 +67,9 @@ def entry(name: str) -> BackendEntry:
 def load(name: str) -> ModuleType:
     """Import a backend module by name only when it is asked for."""
     return importlib.import_module(entry(name).module)
+
+
+def spec(name: str) -> BackendSpec:
+    """The backend module as its typed contract: what the doctor, the launches and the sweep read of it (its
+    ``LAUNCH`` and ``stack`` among them), imported when asked."""
+    return cast(BackendSpec, load(name))

@@ -23,7 +23,7 @@ class SweepError(Exception):
 def slurm_launches() -> dict[str, Launch]:
     """The backends whose sbatch script chooses among Slurm launchers (``Launch.slurm_variable``, e.g. Horovod's
     HVD_LAUNCH), by name: the sweep's flag for each (``Launch.slurm_flag``), its check and its export read these."""
-    launches = {b: registry.load(b).LAUNCH for b in registry.names()}
+    launches = {b: registry.spec(b).LAUNCH for b in registry.names()}
     return {b: x for b, x in launches.items() if x.slurm_variable}
 
 
