@@ -1028,9 +1028,12 @@ def rows(port: Port, env: Env) -> list[Row]:
     """A row per Horovod call and ``hvd.Compression`` value of the script, in line order."""
     out: list[Row] = []
     seen: set[tuple[int, str]] = set()
+    decorators = [d for n in ast.walk(port.tree) if isinstance(n, ast.FunctionDef) for d in n.decorator_list]
     for node in ast.walk(port.tree):
         name = hvd_name(node, port.hvd)
         parts = dotted(node).split(".") if isinstance(node, ast.Attribute) else []
+        if not name and parts and parts[0] in port.hvd and node in decorators:  # @hvd.elastic.run
+            name = ".".join(parts[1:])
         if not name and len(parts) == 3 and parts[0] in port.hvd and parts[1] == "Compression":
             name = dotted(node).split(".", 1)[1]
         if not name or (node.lineno, name) in seen:

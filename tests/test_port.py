@@ -234,12 +234,15 @@ def test_port_reads_the_script_without_importing_it_or_tensorflow(tmp_path):
 
 
 @pytest.mark.distributed
-def test_the_tape_port_passes_common_check(ported, tmp_path):
-    """The GradientTape fixture's port computes the same math on both backends at 1 and 2 workers (custom loop)."""
-    _, out, _ = ported["tape_mnist"]
+@pytest.mark.parametrize("name, mode", [("tape_mnist", "ctl"), ("keras_benchmark", "fit")])
+def test_a_port_passes_common_check(ported, name, mode):
+    """The port's job computes the same math on both backends at 1 and 2 workers: the GradientTape fixture in the
+    custom loop, the Keras fit fixture (compiled model, sharded pipeline, argparse defaults) in fit."""
+    _, out, _ = ported[name]
     proc = subprocess.run([PY, "-m", "common.check", "--job", str(out / "job.toml"), "--steps", "4",
-                           "--modes", "ctl"], cwd=REPO, capture_output=True, text=True, env=base_env(), timeout=900)
+                           "--modes", mode], cwd=REPO, capture_output=True, text=True, env=base_env(), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "all 4 pairs agree" in proc.stdout
 
 
 def test_every_construct_the_table_knows_has_all_four_texts():
