@@ -29,6 +29,7 @@ import argparse
 import ast
 import builtins
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -88,6 +89,7 @@ class Port:
     flags: dict[str, Any] | None = None  # the script's argparse defaults, when the moved code reads its flags
     rows: list[Row] = field(default_factory=list)
     flags_name: str = ""  # the name argparse's parse_args() result is bound to (``args``)
+    main_name: str = ""  # the function that calls hvd.init() (Horovod's ``main``), "" for module-level code
     code: str = ""  # the moved code's module
 
     def where(self, node: ast.AST) -> str:
@@ -283,6 +285,7 @@ def training_body(port: Port) -> list[ast.stmt]:
     for node in ast.walk(port.tree):
         if isinstance(node, ast.FunctionDef) and any(
                 hvd_name(n, port.hvd) == "init" for s in node.body for n in ast.walk(s)):
+            port.main_name = node.name
             return node.body
     if any(hvd_name(n, port.hvd) == "init" for n in ast.walk(port.tree)):
         return port.tree.body
@@ -452,10 +455,27 @@ def _substitute(port: Port, stmt: ast.stmt, first: int, text: list[str]) -> tupl
             edits.append((node, port.text(node.args[0])))
         else:
             port.hand(node, f"{port.text(node.func)}(...) in code moved into the job: rewrite it by hand")
+    wrappers = [n for n, _ in edits if hvd_name(n, port.hvd) == "DistributedOptimizer"]
+    edits = [(n, _inner(port, n.args[0]) if n in wrappers else new) for n, new in edits
+             if not any(w is not n and _within(n, w) for w in wrappers)]
     for node, new in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
         i, j = node.lineno - first, node.end_lineno - first
         text = [*text[:i], text[i][:node.col_offset] + new + text[j][node.end_col_offset:], *text[j + 1:]]
     return text, sorted(said)
+
+
+def _within(node: ast.AST, outer: ast.AST) -> bool:
+    return (outer.lineno, outer.col_offset) <= (node.lineno, node.col_offset) and \
+        (node.end_lineno, node.end_col_offset) <= (outer.end_lineno, outer.end_col_offset)
+
+
+def _inner(port: Port, node: ast.AST) -> str:
+    """``node``'s text with its one-worker Horovod calls read as _substitute reads them."""
+    text = port.text(node)
+    for alias in port.hvd:
+        for name, new in SUBSTITUTE.items():
+            text = re.sub(rf"\b{re.escape(alias)}\.{name}\(\)", new, text)
+    return text
 
 
 def function_text(port: Port, name: str, stmts: list[ast.stmt], result: str, doc: str) -> str:
@@ -723,8 +743,15 @@ def analyse_tape(port: Port, env: Env, body: list[ast.stmt]) -> None:
         raise PortError(f"{port.script}: cannot find the model: no model.fit(...) and no GradientTape step")
     port.keys["mode"] = "ctl"
     model, loss, opt = tape_step(port, env, step)
-    loop = next((s for s in ast.walk(port.tree) if isinstance(s, ast.For)
-                 and any(dotted(c.func) == step.name for c in calls(s.body))), None)
+    loops = [s for s in ast.walk(port.tree) if isinstance(s, ast.For)
+             and any(dotted(c.func) == step.name for c in calls(s.body))]
+    loop = loops[-1] if loops else None  # the innermost (ast.walk goes breadth first)
+    for outer in loops[:-1]:  # for epoch in range(E): for x, y in dataset: step(...)
+        if isinstance(outer.iter, ast.Call) and dotted(outer.iter.func) == "range" and len(outer.iter.args) == 1:
+            scaled_key(port, env, "epochs", outer.iter.args[0], "the script")
+            port.used.update(range(outer.lineno, outer.end_lineno + 1))
+        else:
+            port.hand(outer, f"the loop over {port.text(outer.iter)!r} around the training loop: not mapped")
     if not model or loop is None:
         raise PortError(f"{port.script}: cannot find the "
                         f"{'model: the step at line ' + str(step.lineno) + ' calls no model' if not model else ''}"
@@ -756,26 +783,28 @@ def tape_step(port: Port, env: Env, step: ast.FunctionDef) -> tuple[str, ast.exp
         if isinstance(stmt, ast.With):
             for inner in stmt.body:
                 value = inner.value if isinstance(inner, ast.Assign) else None
-                if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and \
-                        any(k.arg == "training" for k in value.keywords):
-                    model = value.func.id
-                elif isinstance(value, ast.Call) and not model:
+                called = [c for c in ast.walk(inner) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                          and any(k.arg == "training" for k in c.keywords)]  # model(x, training=True)
+                model = called[0].func.id if called else model  # type: ignore[attr-defined]
+                if value is not None and called and value is called[0]:
+                    continue
+                if isinstance(value, ast.Call) and not model:
                     port.hand(inner, "the tape computes something before the model call: a step of the script's "
                                      "own, not mapped")
                 elif isinstance(value, ast.Call):
-                    loss = value
+                    loss = value  # loss(y, probs), or loss(y, model(x, training=True))
                 else:
                     port.hand(inner, "a statement in the tape the port cannot map (twinbench's step is the model "
                                      "and the loss)")
             continue
         hvd_calls = [n for n in ast.walk(stmt) if hvd_name(n, port.hvd)]
-        text = port.text(stmt)
         if isinstance(stmt, ast.Return) or hvd_calls and all(
                 hvd_name(n, port.hvd) in ("DistributedGradientTape", "broadcast_variables", "Compression.fp16",
                                           "Compression.none") for n in hvd_calls):
             continue
-        if ".gradient(" in text:
-            continue
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call) and \
+                getattr(stmt.value.func, "attr", "") == "gradient":
+            continue  # grads = tape.gradient(loss, model.trainable_variables), nothing done to them
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
                 getattr(stmt.value.func, "attr", "") == "apply_gradients":
             opt = dotted(stmt.value.func.value)
@@ -798,8 +827,9 @@ def tape_loop(port: Port, env: Env, body: list[ast.stmt], loop: ast.For, step: a
                         f"{port.text(loop.iter)!r}")
     dataset_function(port, env, body, [it.id], loop.lineno)
     if take is not None:
-        scaled_key(port, env, "steps", take, "Horovod's example")
-    else:
+        scaled_key(port, env, "steps" if "epochs" not in port.keys else "steps_per_epoch", take,
+                   "Horovod's example")
+    elif "epochs" not in port.keys:
         port.hand(loop, "the loop has no take(N): set steps (or epochs) in job.toml")
     port.used.update(range(loop.lineno, loop.end_lineno + 1))
     for stmt in loop.body:
@@ -920,6 +950,9 @@ def leftovers(port: Port, env: Env, body: list[ast.stmt]) -> None:
         names = {hvd_name(c, port.hvd) for c in calls([stmt])}
         if names and names <= {"init", "shutdown"}:
             continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and port.main_name and \
+                dotted(stmt.value.func) == port.main_name:
+            continue  # main(): the training the port read
         if isinstance(stmt, ast.Assign) and any(dotted(n).split(".")[1:2] == ["Compression"] and dotted(n).split(
                 ".")[0] in port.hvd for n in ast.walk(stmt.value)):
             continue  # the compression a DistributedOptimizer takes: its row says what became of it
@@ -1265,6 +1298,10 @@ def rank_notes(port: Port) -> None:
                     port.notes.setdefault(id(n), "a rank-0 guard (the chief): twinbench prints on its chief only; "
                                           "what the guard holds has its own row" if isinstance(node, ast.If) else
                                           "verbosity on rank 0: twinbench prints on its chief only")
+        if isinstance(node, ast.Call) and dotted(node.func) in ("print", "log"):
+            for n in ast.walk(node):
+                if hvd_name(n, port.hvd) in ("size", "rank", "local_rank"):
+                    port.notes.setdefault(id(n), "logging: twinbench's banner prints the workers and replicas")
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
                 and isinstance(node.left.value, str) and "." in node.left.value:
             for n in ast.walk(node.right):

@@ -245,6 +245,65 @@ def test_a_port_passes_common_check(ported, name, mode):
     assert "all 4 pairs agree" in proc.stdout
 
 
+VARIANTS = {
+    # an inline DistributedOptimizer around an optimizer scaled by hvd.size(), arrays given to fit
+    "inline.py": ("""import numpy as np
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+
+hvd.init()
+x_train = np.zeros((256, 8), np.float32)
+y_train = np.zeros((256,), np.int64)
+model = tf.keras.Sequential([tf.keras.layers.Dense(3)])
+model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9)),
+              loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(x_train, y_train, batch_size=16, epochs=3, verbose=2 if hvd.rank() == 0 else 0,
+          callbacks=[hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(), warmup_epochs=2)])
+""", 0, {"lr_scaling": "linear", "per_replica_batch_size": 16, "epochs": 3, "warmup_epochs": 2},
+        "optimizer=tf.keras.optimizers.SGD(0.01 * 1, momentum=0.9)"),
+    # epochs around the loop, the model call inside the loss, gradient clipping (a step of the script's own)
+    "clipped.py": ("""import tensorflow as tf
+import horovod.tensorflow as hvd
+
+
+def main():
+    hvd.init()
+    dataset = tf.data.Dataset.from_tensor_slices((tf.zeros([128, 4]), tf.zeros([128], tf.int64))).batch(16)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    opt = tf.keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = [tf.clip_by_norm(g, 1.0) for g in tape.gradient(loss, model.trainable_variables)]
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    for epoch in range(3):
+        for x, y in dataset:
+            step(x, y)
+
+
+main()
+""", 3, {"mode": "ctl", "epochs": 3, "optimizer": "sgd", "learning_rate": 0.1,
+         "loss": "sparse_categorical_crossentropy", "per_replica_batch_size": 16}, "clipped.py:17: a statement"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variants_users_write(tmp_path, capsys, name):
+    source, status, keys, needle = VARIANTS[name]
+    (tmp_path / name).write_text(source)
+    code, _, err = run_port(tmp_path / name, tmp_path / "out", capsys)
+    assert code == status, err
+    job = tomllib.loads((tmp_path / "out" / "job.toml").read_text())
+    assert {k: job.get(k) for k in keys} == keys
+    stem = name.removesuffix(".py")
+    assert needle in (tmp_path / "out" / f"{stem}_code.py").read_text() + err
+
+
 def test_every_construct_the_table_knows_has_all_four_texts():
     for name, texts in port.KNOWLEDGE.items():
         assert len(texts) == 4 and all(t.strip() for t in texts), name
