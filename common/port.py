@@ -88,6 +88,7 @@ class Port:
     proofs: dict[int, str] = field(default_factory=dict)  # id(hvd call node) -> what proved it, where it differs
     flags: dict[str, Any] | None = None  # the script's argparse defaults, when the moved code reads its flags
     rows: list[Row] = field(default_factory=list)
+    extra_rows: list[Row] = field(default_factory=list)  # constructs of the script that are not Horovod calls
     flags_name: str = ""  # the name argparse's parse_args() result is bound to (``args``)
     main_name: str = ""  # the function that calls hvd.init() (Horovod's ``main``), "" for module-level code
     code: str = ""  # the moved code's module
@@ -103,8 +104,14 @@ class Port:
     def text(self, node: ast.AST) -> str:
         return ast.get_source_segment(self.source, node) or ""
 
-    def drop(self, node: ast.AST, what: str) -> None:
+    def drop(self, node: ast.AST, what: str, row: str = "") -> None:
+        """``what`` into the job's not_carried; ``row``: a construct without a Horovod call of its own (a Keras
+        callback, a checkpoint, metrics), given a row of the table from KERAS_ROWS."""
         self.not_carried.append(f"{what} ({self.where(node)})")
+        if row:
+            horovod, mwms = KERAS_ROWS[row]
+            self.extra_rows.append(Row(node.lineno, row, horovod, mwms, "not carried: the job's not_carried",
+                                       P_NONE + "twinbench does not run the script's own " + row.split(" ")[0]))
 
 
 # -- reading -------------------------------------------------------------------------------------------------------
@@ -672,7 +679,7 @@ def analyse_fit(port: Port, env: Env, body: list[ast.stmt], fit: ast.Call) -> No
                                "'validation': (x, y)}} (docs/jobs.md)")
     if "initial_epoch" in kw:
         port.drop(kw["initial_epoch"], "fit(initial_epoch=...): the script's resume from its own checkpoint; "
-                                       "twinbench resumes from its own (--resume-from)")
+                                       "twinbench resumes from its own (--resume-from)", "fit(initial_epoch=...)")
     callbacks(port, env, body, kw.get("callbacks"))
 
 
@@ -729,7 +736,7 @@ def compiled_keys(port: Port, env: Env, body: list[ast.stmt], compile_call: ast.
     metrics = kw.get("metrics")
     if metrics is not None:
         port.drop(metrics, f"training metrics {port.text(metrics)}: twinbench reports the per-step loss while "
-                           "training and evaluates metrics on validation data only (none here)")
+                           "training and evaluates metrics on validation data only (none here)", "compile(metrics=...)")
 
 
 def analyse_tape(port: Port, env: Env, body: list[ast.stmt]) -> None:
@@ -892,7 +899,8 @@ def callback(port: Port, env: Env, item: ast.expr) -> None:
         port.hand(item, f"hvd.{name}: a Horovod callback the port does not map (an LR schedule: lr_schedule in "
                         "job.toml)")
     elif isinstance(item, ast.Call) and dotted(item.func).rsplit(".", 1)[-1] in KNOWN_KERAS_CALLBACKS:
-        port.drop(item, KNOWN_KERAS_CALLBACKS[dotted(item.func).rsplit(".", 1)[-1]])
+        kind = dotted(item.func).rsplit(".", 1)[-1]
+        port.drop(item, KNOWN_KERAS_CALLBACKS[kind], kind if kind in KERAS_ROWS else "")
     else:
         port.hand(item, f"callback {port.text(item)}: not one the port knows; twinbench's fit runs no callbacks "
                         "of the script's own")
@@ -905,7 +913,7 @@ def checkpoints(port: Port) -> None:
                 isinstance(definition(port, port.tree.body, dotted(c.func.value), 10**9)
                            or _body_def(port, dotted(c.func.value)), ast.Call):
             port.drop(c, f"{port.text(c)}: the script's tf.train.Checkpoint; twinbench writes its own checkpoint "
-                         "for preemption only (--resume-from)")
+                         "for preemption only (--resume-from)", "checkpoint.save (tf.train.Checkpoint)")
             port.used.add(c.lineno)
             _body_def(port, dotted(c.func.value))
 
@@ -1052,6 +1060,23 @@ KNOWLEDGE: dict[str, tuple[str, str, str, str]] = {
     "Compression.none": ("no compression (the default)", "the default", "nothing to carry", P_GRAD),
     "shutdown": ("stops Horovod", "nothing: the strategy ends with the process", "dropped", "-"),
 }
+# constructs of a Horovod script that are not Horovod calls: (what the script does with them, the MWMS counterpart)
+KERAS_ROWS = {
+    "ModelCheckpoint": ("saves the model each epoch, on rank 0 only (the others would corrupt the file)",
+                        "every worker saves (saving runs collectives): the chief to the real path, the others to a "
+                        "temporary directory they remove (TensorFlow's 'Multi-worker training with Keras'); "
+                        "tf.keras.callbacks.BackupAndRestore for preemption"),
+    "TensorBoard": ("writes TensorBoard logs, on rank 0", "the callback on every worker, the non-chief ones writing to "
+                    "temporary directories"),
+    "checkpoint.save (tf.train.Checkpoint)": (
+        "saves the model and optimizer on rank 0",
+        "every worker calls checkpoint.save (or a tf.train.CheckpointManager), the non-chief ones into a temporary "
+        "directory they remove"),
+    "compile(metrics=...)": ("training metrics per epoch (averaged by MetricAverageCallback)",
+                             "compile(metrics=...) under strategy.scope(): aggregated across replicas"),
+    "fit(initial_epoch=...)": ("resumes at an epoch found in the script's own checkpoints",
+                               "tf.keras.callbacks.BackupAndRestore restores the model and the epoch on every worker"),
+}
 ELASTIC = ("elastic training: workers may join or leave, the state rolled back to its last commit",
            "none in MWMS (a fixed cluster); tf.keras.callbacks.BackupAndRestore resumes after a preemption",
            "not ported: left by hand", P_NONE + "MWMS has no elastic counterpart")
@@ -1081,7 +1106,7 @@ def rows(port: Port, env: Env) -> list[Row]:
         if name in ("DistributedOptimizer", "DistributedGradientTape") and isinstance(node, ast.Call):
             here = wrapper_options(port, env, node, here)
         out.append(Row(node.lineno, f"hvd.{name}", horovod, mwms, here, proof))
-    return sorted(out, key=lambda r: (r.line, r.construct))
+    return sorted([*out, *port.extra_rows], key=lambda r: (r.line, r.construct))
 
 
 def wrapper_options(port: Port, env: Env, node: ast.Call, here: str) -> str:
@@ -1284,7 +1309,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in port.by_hand:
         print(f"{PROG}: by hand: {line}", file=sys.stderr)
     print(f"{PROG}: wrote {out}/ (job.toml, {script.stem}_code.py, {script.stem}_mwms.py, MIGRATION.md): "
-          f"{len(port.rows)} Horovod constructs, {len(port.not_carried)} not carried, "
+          f"{len(port.rows)} constructs in MIGRATION.md, {len(port.not_carried)} not carried, "
           f"{len(port.by_hand)} left by hand")
     return EXIT_BY_HAND if port.by_hand else EXIT_OK
 
