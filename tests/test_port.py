@@ -130,8 +130,8 @@ def test_keras_fit_script_keys(ported):
     checkpoint = line_of(source, "ModelCheckpoint(")
     assert any("ModelCheckpoint" in t and f"keras_mnist.py:{checkpoint}" in t for t in keys["not_carried"])
     assert any("accuracy" in t for t in keys["not_carried"])  # training metrics the loop does not report
-    assert re.search(rf"^\| {checkpoint} \| `ModelCheckpoint` \| .*every worker saves", (out / "MIGRATION.md").read_text(),
-                     re.M)
+    table = (out / "MIGRATION.md").read_text()
+    assert re.search(rf"^\| {checkpoint} \| `ModelCheckpoint` \| .*every worker saves", table, re.M)
     rank_file = line_of(source, "mnist-%d.npz")
     assert re.search(rf"^\| {rank_file} \| `hvd.rank` .*per-rank file name", (out / "MIGRATION.md").read_text(),
                      re.M)
