@@ -261,6 +261,8 @@ def announce(ctx: RunContext, probe: Probe | None = None) -> None:
           f"{info.num_workers} worker(s) x {info.replicas_per_worker} replica(s) = {replicas} replicas; "
           f"{plan.total_steps} steps, {plan.steps_per_epoch} steps/epoch, dataset {job.dataset} ({data}); "
           f"host syncs every {job.sync_interval} steps", flush=True)
+    for item in job.not_carried:  # what the job's Horovod script did that this run does not (common.port)
+        print(f"[twinbench] not carried from the Horovod script: {item}", flush=True)
 
 
 def start_watchdog(backend: Backend, opts: RunOptions) -> tuple[rel.Heartbeat | None, rel.Watchdog | None]:

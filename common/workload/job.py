@@ -48,8 +48,8 @@ TFRECORD_SHARDINGS = ("exact", "files")
 LATER_KEYS = ("sync_every_steps", "steps_per_execution", "model_args", "dataset_args", "loss", "metrics",
               "eval_every_epochs", "target_metric", "target_value", "code_digest", "input_batched", "keras",
               "optimizer_args", "lr_schedule", "lr_schedule_args", "loss_per_output", "loss_weights")
-# Never hashed: where the user's code lies on this machine (code_digest covers the code itself).
-UNHASHED_KEYS = ("name", "pythonpath")
+# Never hashed: where the user's code lies on this machine (code_digest covers the code itself), and notes.
+UNHASHED_KEYS = ("name", "pythonpath", "not_carried")
 DEFAULT_LOSS = "sparse_categorical_crossentropy"
 # Job keys load_job computes: a job file or --set cannot give them.
 COMPUTED_KEYS = ("code_digest",)
@@ -113,6 +113,8 @@ class Job:
     # --- user code (model, dataset, loss given as "package.module:function") ---
     pythonpath: tuple[str, ...] = ()  # directories relative to the job file, first on sys.path; none by default
     code_digest: str = ""  # computed by load_job: sha256 of the user modules' sources ("" = no user code)
+    # --- the Horovod script a job was ported from (python -m common.port) ---
+    not_carried: tuple[str, ...] = ()  # the script's constructs this job does not run, one line each; printed at start
 
     # ------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -279,6 +281,8 @@ def _validate_user_code(job: Job, need: Any) -> None:
          "losses are added to the objective)")
     need(all(isinstance(p, str) and p for p in job.pythonpath),
          f"pythonpath must be a list of directories, got {list(job.pythonpath)}")
+    need(all(isinstance(t, str) and t.strip() and "\n" not in t for t in job.not_carried),
+         f"not_carried must be a list of one-line texts, got {list(job.not_carried)}")
 
 
 def _validate_evaluation(job: Job, need: Any) -> None:
