@@ -581,6 +581,9 @@ def make_backend(args: argparse.Namespace, argv: list[str], job: Any) -> NativeB
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if native_cluster.wants_script(argv):  # --nproc N --script FILE: a plain MWMS script's local launcher
+        return native_cluster.launch_script(PROG, argv)
     return entrypoint.run_main(PROG, T0, parser, make_backend, argv)
 
 

@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from common.cli import env_int
@@ -386,3 +387,45 @@ def launch_local(prog: str, n: int, argv: list[str], ps: int = 0) -> int:
         return localcluster.supervise(localcluster.start_ps_cluster(n, ps, command, env), prog,
                                       linger=SERVER_LINGER_S)
     return localcluster.supervise(localcluster.start_tf_config_workers(n, command, env), prog)
+
+
+# -- a plain MWMS script as N local workers (--script) -------------------------------------------------------
+SCRIPT_USAGE = "--nproc N --script FILE.py [-- ARGS...]"
+
+
+def wants_script(argv: list[str]) -> bool:
+    """``--script`` among the launcher's own flags (before any ``--``): run a plain script, not a twinbench job."""
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    return any(a == "--script" or a.startswith("--script=") for a in own)
+
+
+def launch_script(prog: str, argv: list[str]) -> int:
+    """``--nproc N --script FILE [-- ARGS]``: FILE (any MultiWorkerMirroredStrategy script, e.g. a port's
+    ``<stem>_mwms.py``) as N local workers, each with its TF_CONFIG on loopback, supervised as ``--nproc``'s
+    twinbench workers are (the first failure stops the others, SIGTERM/SIGUSR1 forwarded, one exit status); their
+    output goes to this terminal as theirs does. Bad input: one line, exit 2, nothing started."""
+    from common.cli import OneLineParser
+    from common.core.errors import fail
+
+    own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    p = OneLineParser(prog=prog, description="Run a plain MultiWorkerMirroredStrategy script as N local workers.")
+    p.add_argument("--nproc", type=int, default=None, help="local workers (required; one worker: python FILE)")
+    p.add_argument("--script", required=True, help="the script, run as `python FILE ARGS` by every worker")
+    args, unknown = p.parse_known_args(own)
+    script = Path(args.script)
+    if unknown:
+        fail(prog, f"--script runs a plain script: {' '.join(unknown)} is not for it (its own arguments go after "
+                   f"--: {SCRIPT_USAGE})")
+    if args.nproc is None:
+        fail(prog, f"--script needs --nproc N, the number of local workers ({SCRIPT_USAGE})")
+    if args.nproc < 1:
+        fail(prog, f"--nproc must be >= 1, got {args.nproc}")
+    if script.suffix != ".py":
+        fail(prog, f"--script {script}: not a Python file (.py)")
+    if not script.is_file():
+        fail(prog, f"--script {script}: no such file")
+    if os.environ.get("TF_CONFIG"):
+        fail(prog, "--script generates each worker's TF_CONFIG itself: unset TF_CONFIG")
+    env = dict(os.environ, TWINBENCH_LAUNCH_COMMAND=json.dumps(list(sys.orig_argv)))
+    command = [sys.executable, str(script), *rest]
+    return localcluster.supervise(localcluster.start_tf_config_workers(args.nproc, command, env), prog)
