@@ -10,6 +10,7 @@ these tests are skipped with the reason.
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import time
@@ -190,6 +191,21 @@ def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path, example
     if example == "stream_job":  # each worker read its own files, the same ones on both backends and launchers
         fps = [[p["fingerprint"] for p in r["input"]["pipeline"]["per_rank"]] for r in got.values()]
         assert all(f == fps[0] for f in fps) and len(set(fps[0])) == 2, fps
+
+
+@distributed
+def test_srun_runs_a_horovod_scripts_mwms_port(cluster, tmp_path):
+    """A port's <stem>_mwms.py (common.port_mwms) as `srun -n 2 python FILE`: its strategy from
+    SlurmClusterResolver (no TF_CONFIG here), so the two tasks are one cluster of 2 replicas, printed by the chief
+    alone. keras_benchmark: no checkpoint to write, its own small defaults."""
+    from common.port_mwms import write_mwms
+
+    script = REPO / "tests" / "fixtures" / "horovod" / "keras_benchmark.py"
+    source = script.read_text()
+    write_mwms(source, ast.parse(source), script, tmp_path)
+    proc = cluster.run(["srun", IMMEDIATE, "--kill-on-bad-exit=1", f"--chdir={tmp_path}", "-n", "2", PY,
+                        str(tmp_path / "keras_benchmark_mwms.py")])
+    assert proc.stdout.count("Number of workers: 2") == 1 and "Number of workers: 1" not in proc.stdout, proc.stdout
 
 
 # -- sbatch scripts ----------------------------------------------------------------------------------------------------
