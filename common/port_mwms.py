@@ -642,10 +642,11 @@ def run_step(p: Port, call: ast.Call, fn: ast.AST) -> None:
         text += f", args=({args},)" if len(call.args) == 1 else f", args=({args})"
     if call.keywords:
         text += ", kwargs={" + ", ".join(f"{k.arg!r}: {p.text(k.value)}" for k in call.keywords) + "}"
-    text = f"strategy.run({text})"
+    text, why = f"strategy.run({text})", f"was {name}(...): every replica runs the step"
     if isinstance(p.parent(call), ast.Assign):
         text = f"strategy.reduce(tf.distribute.ReduceOp.SUM, {text}, axis=None)"
-    p.replace(call, text, f"was {name}(...): every replica runs the step, the losses summed over replicas")
+        why += ", its results summed over replicas"
+    p.replace(call, text, why)
     used = {n.id for a in call.args for n in ast.walk(a) if isinstance(n, ast.Name)}
     loop = p.parent(call)
     while loop is not None and not isinstance(loop, ast.For):
@@ -692,6 +693,9 @@ def step_loss(p: Port, fn: ast.AST) -> None:
         p.note(value or fn, "the step's loss: cannot tell how it is reduced; MWMS sums the replicas' gradients: "
                             "average it over the global batch (tf.nn.compute_average_loss) by hand")
         return
+    else:  # a per-example loss function: Horovod's tape.gradient differentiated the sum over the batch
+        p.comment(value.lineno, "was per example (its gradient the batch's sum): now the global batch's mean, "  # type: ignore
+                                "gradients 1/batch of Horovod's")
     p.insert(p.start(value), "tf.nn.compute_average_loss(")  # type: ignore[arg-type]
     p.insert(p.end(value), ")")  # type: ignore[arg-type]
     p.comment(value.lineno, LOSS_WHY)  # type: ignore[union-attr]
