@@ -42,7 +42,8 @@ GPU_SETUP = ("set_memory_growth", "set_visible_devices", "list_physical_devices"
 SAVES = ("save", "save_weights")  # checkpoint.save(path), model.save(path), model.save_weights(path)
 BROADCAST_WHY = ("every worker's variables start equal: MWMS creates each from worker 0's initial value, "
                  "broadcast at creation")
-METRICS_WHY = "Keras fit under MWMS reports metrics already aggregated over all workers"
+METRICS_WHY = ("Keras fit under MWMS gives callbacks epoch-end metrics over every worker's data (its metric "
+               "variables are summed over the workers when read; the per-batch progress bar shows the workers' sum)")
 UNWRAP_WHY = ("MWMS all-reduces the gradients itself (apply_gradients sums them over replicas; the loss is per "
               "global batch)")
 FP16_WHY = "no fp16 compression in MWMS: it all-reduces gradients in their own dtype (CommunicationOptions has none)"
