@@ -230,7 +230,7 @@ class Port:
         return self.source[self.start(node):self.end(node)]
 
     def note(self, node: ast.AST, what: str) -> None:
-        line = f"{self.script}:{getattr(node, 'lineno', 0)}: {what}"
+        line = f"{self.script.name}:{getattr(node, 'lineno', 0)}: {what}"
         if line not in self.notes:
             self.notes.append(line)
 

@@ -163,7 +163,7 @@ def test_what_cannot_be_ported_is_named_by_line(name, ports):
     assert len(left) == len(want), left
     for (text, why), line in zip(want, left, strict=True):
         number = next(i for i, ln in enumerate(source.splitlines(), 1) if text in ln)
-        assert line.startswith(f"{FIXTURES / name}.py:{number}: ") and why in line, line
+        assert line.startswith(f"{name}.py:{number}: ") and why in line, line
 
 
 def test_custom_step_runs_on_the_distributed_dataset(ports):
