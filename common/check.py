@@ -344,6 +344,10 @@ RANDOM_TERMS = frozenset({"Dropout", "SpatialDropout1D", "SpatialDropout2D", "Sp
 RANDOM_MODULES = ("tf.random", "tensorflow.random", "keras.random")  # tf.random.uniform(...) and the like
 # Layers whose training-mode output depends on the batch (its mean and variance): per replica without a sync
 BATCH_TERMS = frozenset({"BatchNormalization", "batch_normalization"})
+# Where a process learns its rank (the launchers' variables, Horovod's calls): a model that reads it computes
+# differently on each replica
+RANK_TERMS = frozenset({"HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "TF_CONFIG", "rank",
+                        "local_rank", "task_id"})
 
 
 @dataclass(frozen=True)
@@ -355,14 +359,22 @@ class ModelTerms:
     where: str = ""
     random: tuple[str, ...] = ()
     batch: tuple[str, ...] = ()
+    rank: tuple[str, ...] = ()  # what tells it the rank: a launcher's variable named, hvd.rank() called
 
 
 def _term(node: ast.AST) -> str | None:
     if isinstance(node, ast.Name) and node.id in RANDOM_TERMS | BATCH_TERMS:
         return node.id
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in RANK_TERMS \
+            and node.value.isupper():
+        return node.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in RANK_TERMS:
+        return f"{ast.unparse(node.func)}()"  # hvd.rank(), input_context... task_id is an attribute: below
     if isinstance(node, ast.Attribute):
         if node.attr in RANDOM_TERMS | BATCH_TERMS:
             return node.attr
+        if node.attr == "task_id":
+            return ast.unparse(node)
         if ast.unparse(node.value) in RANDOM_MODULES:
             return ast.unparse(node)
     return None
@@ -419,7 +431,9 @@ def model_terms(job: Any) -> ModelTerms:
         terms = used_terms(ast.parse(path.read_text(encoding="utf-8")), name)
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError, usercode.UserCodeError):
         return ModelTerms()
-    return ModelTerms(where, tuple(sorted(terms - BATCH_TERMS)), tuple(sorted(terms & BATCH_TERMS)))
+    rank = {t for t in terms if t in RANK_TERMS or t.endswith(("rank()", ".task_id"))}
+    return ModelTerms(where, tuple(sorted(terms - BATCH_TERMS - rank)), tuple(sorted(terms & BATCH_TERMS)),
+                      tuple(sorted(rank)))
 
 
 def _threads(records: Mapping[RunKey, Mapping[str, Any]], key: RunKey) -> Any:
@@ -441,6 +455,9 @@ def scaling_causes(bad: Sequence[Row], records: Mapping[RunKey, Mapping[str, Any
     if terms.batch:
         found.append(f"per-replica batch statistics: {terms.where} uses {', '.join(terms.batch)}: each replica "
                      "normalises its b examples by their own mean and variance where 1 worker normalises 2b together")
+    if terms.rank:
+        found.append(f"the model reads the rank: {terms.where} uses {', '.join(terms.rank)}: each replica computes "
+                     "something else, where 1 worker is rank 0 alone")
     read = f"{terms.where}'s source shows none" if terms.where else "the model's source could not be read"
     unseen = f"a random draw or batch statistic per replica ({read}), or a computation that depends on the rank"
     if any(r.first_step == 1 for r in bad):

@@ -1,11 +1,15 @@
 """``python -m common.check``: the pair-by-pair comparison on synthetic records (no TensorFlow: agreeing and
-diverging runs), the whole command (``main``) against fakes of its runs (what it prints, what it leaves out and why,
-its exit status), bad input (exit 2 before any run), and one real call (2 runs). The real check of the example job
-on every backend, mode and world size, and of a rank-dependent model (exit 1), is in tests/test_usercode_parity.py."""
+diverging runs), its answer to each question (same math, scales exactly, fit = custom loop) with what may cause a
+difference, the whole command (``main``) against fakes of its runs (what it prints, what it leaves out and why, its
+exit status, check.json), bad input (exit 2 before any run), and one real call (the Dropout example's 4 runs, from a
+folder outside the checkout with relative paths, then a backend run and the report there). The real check of the
+example job on every backend, mode and world size, and of a rank-dependent model (exit 6), is in
+tests/test_usercode_parity.py."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -210,6 +214,20 @@ def build(input_shape, num_classes):
     job = tmp_path / "job.toml"
     job.write_text('pythonpath = ["."]\nmodel = "noisy.net:build"\n')
     assert check.model_terms(load_job(job)) == check.ModelTerms("noisy/net.py's build", ("tf.random.normal",))
+    (tmp_path / "noisy" / "ranked.py").write_text('''import os
+import horovod.tensorflow as hvd
+
+
+def build(input_shape, num_classes):
+    return int(os.environ.get("HOROVOD_RANK", "0")) + hvd.local_rank()
+''')
+    job.write_text('pythonpath = ["."]\nmodel = "noisy.ranked:build"\n')
+    terms = check.model_terms(load_job(job))
+    assert terms.rank == ("HOROVOD_RANK", "hvd.local_rank()") and not terms.random
+    runs = dropout_like()
+    (cause,) = check.answers(check.compare(runs), runs, {}, terms)[SCALES].causes
+    assert cause == ("the model reads the rank: noisy/ranked.py's build uses HOROVOD_RANK, hvd.local_rank(): each "
+                     "replica computes something else, where 1 worker is rank 0 alone")
 
 
 def _check(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
@@ -431,8 +449,46 @@ def test_a_failed_run_stops_the_check_with_its_tail(monkeypatch, capsys):
 
 
 @pytest.mark.distributed
-def test_one_real_check_of_the_smoke_job():
-    """The one real call: native's custom loop at 1 worker x 2b and 2 workers x b, through its own launcher."""
-    proc = _check("--job", SMOKE, "--backends", "native", "--modes", "ctl", "--steps", "6", timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.count("[check] run ") == 2 and "the 1 pair agrees to 1e-05" in proc.stdout
+def test_a_dropout_job_checked_and_reported_from_outside_the_checkout(tmp_path):
+    """The real call, two proofs from one check. examples/dropout_job.toml (Dropout: each replica draws its own
+    masks), copied to a folder outside the checkout and checked from there with relative --job and --results:
+    native = horovod bit for bit at 1 and 2 workers (same math: yes), 1 worker x 2b vs 2 workers x b differs from
+    step 1 on both alike, put down to the Dropout in its source, exit 6; the runs land in that folder's da/, not
+    the checkout's. Then a backend run and the report from the same folder with relative paths: its leave-Horovod
+    table says same math yes and explains the scaling row."""
+    work = tmp_path / "work"
+    for name in ("droppkg", "mypkg"):
+        shutil.copytree(REPO / "examples" / name, work / "jobs" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "examples" / "dropout_job.toml", work / "jobs" / "dropout_job.toml")
+
+    def here(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PY, "-m", *args], cwd=work, env=base_env(), capture_output=True, text=True,
+                              timeout=timeout)
+
+    proc = here("common.check", "--job", "jobs/dropout_job.toml", "--modes", "ctl", "--steps", "4", "--results",
+                "da", timeout=900)
+    assert proc.returncode == check.EXIT_SCALES_INEXACTLY, proc.stdout + proc.stderr[-3000:]
+    same, scales, modes = proc.stdout.strip().splitlines()[-3:]
+    assert same == ("[check] same math: yes: 2 pairs agree to 1e-05, bit for bit (native = horovod in ctl at 1 and 2 "
+                    "workers)")
+    assert scales.startswith("[check] scales exactly: 1 worker x 2b = 2 workers x b: no: native ctl: 1 worker x 2b "
+                             "vs 2 workers x b: loss differs, step 1: "), scales
+    assert ("(the same numbers on horovod: the job's own math, not a backend's); likely cause: per-replica random "
+            "draws: droppkg/model.py's build uses Dropout") in scales
+    assert modes == "[check] fit = custom loop: not compared: one mode checked (ctl: --modes)"
+    assert sorted(p.name for p in (work / "da").iterdir()) == ["check.json", "horovod-ctl-n1", "horovod-ctl-n2",
+                                                                "native-ctl-n1", "native-ctl-n2"]
+    assert not (REPO / "da").exists()
+    run = here("backends.native", "--job", "jobs/dropout_job.toml", "--set", "steps=4", "--results", "runs",
+               "--quiet")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(list((work / "runs").glob("*.json"))) == 1
+    # "." finds da/check.json and runs/; the check's 2-worker runs (the same job: b, 4 steps) are named to be read
+    rep = here("common.report", ".", "da/native-ctl-n2", "da/horovod-ctl-n2", "--out", "rep", "--no-plots", timeout=120)
+    assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
+    md = (work / "rep" / "report.md").read_text()
+    part = md[md.index("## Can this job leave horovod"):]
+    assert ("| same math |  |  | yes: 2 pairs agree to 1e-05, bit for bit (native = horovod in ctl at 1 and 2 "
+            "workers) (common.check of this job with other steps, ") in part
+    assert "| scales exactly: 1 worker x 2b = 2 workers x b |  |  | no: native ctl: 1 worker x 2b vs 2 workers x b: " \
+           "loss differs, step 1: " in part and "likely cause: per-replica random draws: droppkg/model.py's" in part
