@@ -468,7 +468,9 @@ def scaling_causes(bad: Sequence[Row], records: Mapping[RunKey, Mapping[str, Any
     pairs = {(t1, t2) for r in bad if (t1 := _threads(records, r.a)) != (t2 := _threads(records, r.b))}
     causes += [f"threads per rank differ ({t1} at 1 worker, {t2} at 2 workers): TensorFlow splits a reduction over "
                "another number of threads, which rounds differently (docs/parity.md, layouts)" for t1, t2 in pairs]
-    tiny = all(r.first_rel is not None and r.first_rel < ROUNDING and (r.max_rel or 0.0) < DRIFT for r in bad)
+    # the losses' first difference (or, when only the final weights or validation differ, the losses' largest)
+    tiny = all(r.max_rel is not None and (r.first_rel if r.first_rel is not None else r.max_rel) < ROUNDING
+               and r.max_rel < DRIFT for r in bad)
     return tuple(causes if tiny else [*causes, *found, unseen]), tiny
 
 
