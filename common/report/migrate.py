@@ -213,7 +213,8 @@ def question_cells(s: JobSummary, checks: Sequence[CheckResult]) -> list[str]:
     others = [_other_words(s, c) for c in other_checks(s, checks, found[0] if found else None)]
     if found is None:
         first = "not checked: no common.check result for this job in the results directories (common.check runs " \
-                "it on both backends at 1 and 2 workers, fit and custom loop, and compares losses and weights)"
+                "it on both backends at 1 and 2 workers, fit and custom loop, and compares losses and weights: " \
+                f"`{rerun(s)} --results DIR/check`)"
         if others:
             first = f"not checked: {'; '.join(others)} {'was' if len(others) == 1 else 'were'} found, not of this " \
                     f"job: rerun `{rerun(s)}`"
