@@ -153,6 +153,27 @@ else
     done
   done
 fi
+# The parity check (python -m common.check) of the demo's own job, so that the report's "leave Horovod" table
+# answers every row: each backend at 1 and 2 workers in the demo's mode, CHECK_STEPS steps each (its answers rest on
+# per-step losses, not timing: 4 runs of a few seconds). Its runs go to $OUT/check/<backend>-<mode>-n<size>/, two
+# levels below $OUT, where the report reads no benchmark run; it reads $OUT/check/check.json (common.report.migrate).
+# The same --set as the benchmark runs (check.json holds the job without the check's own steps): the same job hash.
+# Its answer is not a failure (exit 0; 1 same math no; 5, 6 or 7: its log's last lines say which); a check that
+# wrote no verdict (a run failed) is.
+CHECK_STEPS=6  # enough for a first difference (a Dropout model's at step 1, a reduction order's within a few)
+if [[ -e $OUT/check ]]; then  # an earlier demo's check: kept aside with its results, not read by the report
+  prev_check="$OUT/previous/check-$(date -u +%Y%m%dT%H%M%SZ)"; mkdir -p "$OUT/previous" && mv "$OUT/check" "$prev_check"
+fi
+printf '%-34s' "check"
+t0=$SECONDS; check_rc=0
+$PY -m common.check --job "$JOB" ${SET_MODE[@]+"${SET_MODE[@]}"} --set steps="$STEPS" --set timing_warmup_steps=10 \
+  --steps "$CHECK_STEPS" --modes "$RUN_MODE" --timeout 600 --results "$OUT/check" > "$OUT/logs/check.log" 2>&1 || check_rc=$?
+if [[ -f $OUT/check/check.json ]]; then
+  echo "done ($((SECONDS - t0)) s, exit $check_rc): its answers in $OUT/logs/check.log"
+  grep '^\[check\] \(same math\|scales exactly\|fit = custom loop\):' "$OUT/logs/check.log" | sed 's/^\[check\]/[demo] check:/'
+else
+  echo "FAILED (exit $check_rc), see $OUT/logs/check.log:"; tail -20 "$OUT/logs/check.log"; FAILED+=("check")
+fi
 echo
 if [[ -n $BREAKDOWN_SKIPPED ]]; then echo "[demo] skipped the step-time breakdown: $BREAKDOWN_SKIPPED"; fi
 for s in "${SKIPPED[@]}"; do echo "[demo] skipped $s"; done

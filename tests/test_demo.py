@@ -53,6 +53,14 @@ def test_demo_compares_both_backends_and_reports(tmp_path):
     assert diag == [("horovod", 1), ("horovod", 2), ("native", 1), ("native", 2)]
     assert "## Step-time breakdown" in md and "DIAGNOSTIC" in md
     assert [p.stat().st_size > 1000 for p in (tmp_path / "demo" / "report").glob("breakdown_*.png")] == [True]
+    # the parity check of the demo's job (4 short runs under demo/check/, never read as benchmark runs: the train
+    # runs above are the 8 of the cells) answers every row of the leave-Horovod table, as the job that was timed
+    part = md[md.index("## Can this job leave horovod"):]
+    assert "| same math |  |  | yes: 2 pairs agree to 1e-05" in part and "(common.check of this job, " in part
+    rows = [ln for ln in part.splitlines() if ln.startswith(("| scales exactly:", "| fit = custom loop |"))]
+    assert len(rows) == 2 and not any("not checked" in r for r in rows), rows
+    assert sorted(p.name for p in (tmp_path / "demo" / "check").iterdir()) == [
+        "check.json", "horovod-ctl-n1", "horovod-ctl-n2", "native-ctl-n1", "native-ctl-n2"]
     # published files: the tuning variable is recorded, the secret, Terraform's variables and the home directory are not
     assert all(r["tuning"]["env"].get("NCCL_SOCKET_IFNAME") == "lo" for r in runs if r["kind"] == "train")
     published = [p for p in (tmp_path / "demo").rglob("*") if p.suffix in (".json", ".md", ".html", ".csv")]

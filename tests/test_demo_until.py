@@ -1,6 +1,7 @@
 """scripts/demo.sh's UNTIL=5% loop, with every benchmark run replaced by tests/fake_demo_run.py (a fake
 venv whose python answers ``-m backends command`` with it, and writes each command it was asked for to
-commands.txt): fast, no TensorFlow. And its bad settings."""
+commands.txt; ``-m common.check``, the demo's parity check, is the same script's ``check``, its command in
+check_commands.txt): fast, no TensorFlow. And its bad settings."""
 
 from __future__ import annotations
 
@@ -19,11 +20,15 @@ HOSTS = ["native 1", "horovod 1", "native 2", "horovod 2"]  # the demo's cells: 
 
 def fake_demo(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
+    (venv / "bin").mkdir(parents=True, exist_ok=True)  # a second demo in the same folder: the same fake venv
     (venv / "bin" / "python").write_text(f"""#!/usr/bin/env bash
 if [[ $1 == -m && $2 == backends && $3 == command ]]; then
   echo "${{*:4}}" >> {tmp_path / "commands.txt"}
   printf '%s\\n' {sys.executable} {REPO / "tests" / "fake_demo_run.py"} "${{@:4}}"; exit 0
+fi
+if [[ $1 == -m && $2 == common.check ]]; then
+  echo "${{*:3}}" >> {tmp_path / "check_commands.txt"}
+  exec {sys.executable} {REPO / "tests" / "fake_demo_run.py"} check "${{@:3}}"
 fi
 exec {sys.executable} "$@"
 """)

@@ -273,18 +273,20 @@ def build(input_shape, num_classes, width=32, blocks=2):
 
 
 @pytest.mark.distributed
-def test_check_exits_1_on_a_rank_dependent_keras3_model(tmp_path):
+def test_check_exits_6_on_a_rank_dependent_keras3_model(tmp_path):
     """The Keras 3 example with its model replaced by a rank-dependent one: ``common.check`` names the first pair that
-    differs (1 worker x 2b vs 2 workers x b on native) and exits 1."""
+    differs (1 worker x 2b vs 2 workers x b on native) and exits 6: the job does not scale exactly."""
     for pkg in ("keras3pkg", "mypkg"):
         shutil.copytree(REPO / "examples" / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "keras3pkg" / "model.py").write_text(RANK_DEPENDENT_KERAS3)
     job = tmp_path / "job.toml"
     job.write_text(Path(KERAS3_JOB).read_text())
     proc = check_command("--job", str(job), "--backends", "native", "--steps", "12", timeout=900)  # > warm-up
-    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 6, proc.stdout + proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("DIFFERS:") and "1 worker" in line and "2 workers" in line and "step 1" in line, line
+    # a job property (1 worker vs 2 workers), not a backend's: exit 6, its line naming the pair and step
+    assert line.startswith("SCALES INEXACTLY (exit 6)") and "1 worker x 2b vs 2 workers x b" in line, line
+    assert "step 1" in line and "likely cause: the model reads the rank: " in proc.stdout, proc.stdout[-2000:]
 
 
 # -- optimizers and schedules -------------------------------------------------------------------------------------

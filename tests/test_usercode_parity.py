@@ -133,13 +133,15 @@ def test_records_round_trip_to_their_hash(records):
         assert job_from_dict(r["job"]).job_hash == r["job_hash"], name
 
 
-def test_check_exits_1_on_a_rank_dependent_model(tmp_path):
+def test_check_exits_6_on_a_rank_dependent_model(tmp_path):
     pkg = tmp_path / "mypkg"
     shutil.copytree(REPO / "examples" / "mypkg", pkg)
     (pkg / "model.py").write_text(RANK_DEPENDENT)
     job = tmp_path / "job.toml"
     job.write_text((REPO / "examples" / "my_job.toml").read_text())
     proc = _check("--job", str(job), "--modes", "ctl", "--backends", "native", "--steps", "4")
-    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 6, proc.stdout + proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("DIFFERS:") and "1 worker" in line and "2 workers" in line and "step 1" in line, line
+    # a job property (1 worker vs 2 workers), not a backend's: exit 6, its line naming the pair and step
+    assert line.startswith("SCALES INEXACTLY (exit 6)") and "1 worker x 2b vs 2 workers x b" in line, line
+    assert "step 1" in line and "likely cause: the model reads the rank: " in proc.stdout, proc.stdout[-2000:]
