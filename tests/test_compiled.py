@@ -151,16 +151,22 @@ def test_the_tutorials_compiled_model_is_the_jobs_objective(tf, tmp_path):
     assert got.optimizer_class is tf.keras.optimizers.legacy.SGD  # the legacy twin the keras = 2 loops need
     assert got.compiled_class == "tf_keras.src.optimizers.sgd.SGD"
     assert (got.learning_rate, got.schedule, got.loss, got.metrics) == (0.001, None, DEFAULT_LOSS, ("accuracy",))
-    ctx = RunContext(job, None, None, Plan(16, job.scaled_learning_rate(2), 4, 8, 2))  # type: ignore[arg-type]
-    run = cm.context(ctx, got)
-    assert ctx.plan.learning_rate == 0.02 and run.plan.learning_rate == 0.002  # lr_scaling applies to the compiled
-    assert (run.job.learning_rate, run.job.metrics, run.job.job_hash) == (0.001, ("accuracy",), run.job.job_hash)
-    optimizer = build_optimizer(run.job, run.plan.learning_rate, got)
+    recipe = cm.recipe(job, got, 2)  # lr_scaling applies to the compiled learning rate, for 2 replicas
+    assert (recipe.source, recipe.base_learning_rate, recipe.learning_rate) == ("compiled", 0.001, 0.002)
+    assert (recipe.loss, recipe.metrics, recipe.lr_replicas) == (DEFAULT_LOSS, ("accuracy",), 2)
+    assert recipe.optimizer.endswith("legacy.gradient_descent.SGD") and recipe.optimizer_config["momentum"] == 0
+    assert "learning_rate" not in recipe.optimizer_config and recipe.compiled_class == got.compiled_class
+    assert job.learning_rate == 0.01  # the job (its identity) is the file's: the recipe holds what trains
+    optimizer = build_optimizer(job, recipe.learning_rate, got)
     assert type(optimizer) is tf.keras.optimizers.legacy.SGD
     assert optimizer.get_config()["learning_rate"] == pytest.approx(0.002) and optimizer.get_config()["momentum"] == 0
     record = got.record()
     assert record["optimizer"]["class"].endswith("legacy.gradient_descent.SGD") and record["learning_rate"] == 0.001
-    assert "the model function's compiled SGD(learning_rate 0.001" in cm.banner(run, got)
+    run = RunContext(job, None, None, Plan(16, 4, 8, 2), recipe)  # type: ignore[arg-type]
+    assert "LR 0.002 (base 0.001, scaling linear; the model function's compiled SGD(learning_rate 0.001" in \
+        cm.banner(run, got)
+    as_if = RunContext(job, None, None, Plan(32, 4, 8, 1), recipe)  # type: ignore[arg-type]
+    assert "scaling linear as if 2 replicas (--lr-replicas)" in cm.banner(as_if, got)
 
 
 def test_an_uncompiled_model_and_no_arguments(tf, tmp_path):

@@ -83,7 +83,7 @@ RECORD_KEYS = [
     "weights_consistent", "all_weights_consistent", "asynchronous", "input", "network", "topology",
     "collective", "tuning", "capabilities", "machine", "artifacts", "trainable_weights_fingerprint", "evaluations",
     "time_to_target_s", "energy", "slurm_job", "slurm_step", "nodelist",
-    "nccl_transport", "compiled",
+    "nccl_transport", "compiled", "recipe",
 ]
 
 
