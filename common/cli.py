@@ -173,6 +173,7 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
     from common.workload import usercode
 
     facts = None
+    _check_numbers(prog, args)  # before the job's code is imported (it may import TensorFlow)
     try:
         job = load_job(args.job, args.sets)
         usercode.check_functions(job)  # the user's modules import and hold their functions
@@ -184,7 +185,6 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
             res.check_results_dir(args.results)
     except (JobError, data_mod.DataError, usercode.UserCodeError, OSError) as e:
         fail(prog, str(e))
-    _check_numbers(prog, args)
     try:
         iface = netif.select(args.iface)  # before any launcher library reads its interface variable
     except UsageError as e:

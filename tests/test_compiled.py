@@ -2,10 +2,11 @@
 taken as the job's optimizer, learning rate, loss and metrics (common/training/compiled.py), refused in one line when
 a job key says otherwise or when it cannot be carried over exactly; and a model function without arguments.
 
-One process: the pure-Python checks first, then the ones that build models (TensorFlow in process, no run started).
-The runs of a compiled job on both backends: the tutorial example's common.check (tests/test_tfdata.py: every pair
-agrees, every record holds what was compiled); the refusals through the real
-command line in tests/test_usercode.py (BAD_CASES).
+One process: the pure-Python checks first, then the ones that build models (TensorFlow in process, no run started),
+then three short native runs of the tutorial's compiled job under lr_scaling = "linear" (one identity, one recipe,
+and --lr-replicas). The runs of a compiled job on both backends: the tutorial example's common.check
+(tests/test_tfdata.py: every pair agrees, every record holds what was compiled); the refusals through the real command
+line in tests/test_usercode.py (BAD_CASES).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from common.workload import argcheck, usercode
 from common.workload.job import Job, given_keys, load_job
-from tests.conftest import user_job
+from tests.conftest import REPO, backend_cmd, first_divergence, only_result, run, user_job
 
 pytestmark = pytest.mark.usefixtures("restore_sys_path")  # load_job moves sys.path
 
@@ -265,3 +266,50 @@ def test_a_compiled_keras3_model_is_refused(tf, tmp_path):
                                                       "keras": "3", "mode": '"ctl"'}))
     with pytest.raises(usercode.UserCodeError, match="returned a compiled Keras 3 model"):
         models.build_model(job, (6,), 3)
+
+
+# -- pure Python: the recipe of a job's keys, --lr-replicas ----------------------------------------------------------
+def test_a_jobs_keys_are_its_recipe_and_lr_replicas_scales_them(tmp_path):
+    from common import cli
+    from common.training import compiled
+
+    job = Job(optimizer="momentum", momentum=0.8, learning_rate=0.1, lr_scaling="linear", metrics=["accuracy"])
+    recipe = compiled.recipe(job, None, 4)
+    assert (recipe.source, recipe.optimizer, dict(recipe.optimizer_config)) == ("job", "momentum", {"momentum": 0.8})
+    assert (recipe.base_learning_rate, recipe.learning_rate, recipe.lr_replicas) == (0.1, 0.4, 4)
+    assert recipe.record()["metrics"] == ["accuracy"] and recipe.record()["compiled_class"] is None
+    assert compiled.recipe(dataclasses.replace(job, lr_scaling="none"), None, 4).learning_rate == 0.1
+    args = cli.base_parser("p", "d").parse_args(["--lr-replicas", "2", "--results", str(tmp_path)])
+    assert cli.prepare("p", args, 0.0)[1].lr_replicas == 2
+    with pytest.raises(SystemExit) as e:
+        cli.prepare("p", cli.base_parser("p", "d").parse_args(["--lr-replicas", "0"]), 0.0)
+    assert e.value.code == 2
+
+
+# -- runs: the tutorial's compiled SGD 0.001 under lr_scaling = "linear" ------------------------------------------
+TUTORIAL = str(REPO / "examples" / "tutorial_job.toml")
+LINEAR = ("--set", "mode=ctl", "--set", "steps=5", "--set", "lr_scaling=linear")
+
+
+def test_one_identity_one_recipe_and_lr_replicas_give_two_workers_steps(tmp_path):
+    """A compiled model's run and its --diagnose breakdown carry the job file's hash and the recipe that trained
+    (the compiled SGD 0.001, scaled for --lr-replicas 2); 1 worker x 2b with --lr-replicas 2 takes the same steps as
+    2 workers x b (what common.check compares), with no job key the compiled model would refuse."""
+    one = ("--set", "per_replica_batch_size=32", "--lr-replicas", "2")
+    run(backend_cmd("native", tmp_path / "one", *LINEAR, *one, workers=1, job=TUTORIAL))
+    run(backend_cmd("native", tmp_path / "two", *LINEAR, "--set", "per_replica_batch_size=16", job=TUTORIAL))
+    run(backend_cmd("native", tmp_path / "diag", *LINEAR, *one, "--diagnose", "breakdown", workers=1, job=TUTORIAL))
+    train, two, diag = (only_result(tmp_path / d) for d in ("one", "two", "diag"))
+    assert diag["kind"] == "breakdown" and diag["job_hash"] == train["job_hash"] and diag["job"] == train["job"]
+    for rec in (train, two, diag):
+        recipe = rec["recipe"]
+        assert recipe["source"] == "compiled" and recipe["optimizer"].endswith("legacy.gradient_descent.SGD")
+        assert recipe["compiled_class"] == "tf_keras.src.optimizers.sgd.SGD", recipe
+        assert (recipe["base_learning_rate"], recipe["learning_rate"], recipe["lr_replicas"]) == (0.001, 0.002, 2)
+        assert (recipe["loss"], recipe["metrics"]) == ("sparse_categorical_crossentropy", ["accuracy"])
+        assert rec["job"]["learning_rate"] == 0.01  # the job file's (its default): the identity, not what trained
+    assert train["learning_rate"] == two["learning_rate"] == 0.002
+    assert train["global_batch_size"] == two["global_batch_size"] == 32
+    assert first_divergence(train["step_losses"], two["step_losses"], 1e-5) is None, \
+        first_divergence(train["step_losses"], two["step_losses"], 1e-5)
+    assert diag["step_losses"] == train["step_losses"]  # the breakdown trains the same math, bit for bit here
