@@ -286,6 +286,41 @@ def test_a_jobs_keys_are_its_recipe_and_lr_replicas_scales_them(tmp_path):
     assert e.value.code == 2
 
 
+def test_the_runs_first_lines_and_summary_say_where_the_recipes_metrics_are_reported():
+    from common.training import compiled, evaluate, train
+
+    recipe = compiled.recipe(Job(metrics=["accuracy"]), None, 1)
+    line = train.metrics_line(recipe)
+    assert line is not None and "['accuracy'] (the job's): reported on the validation data only" in line
+    assert "not on the training batches" in line
+    assert train.metrics_line(compiled.recipe(Job(), None, 1)) is None  # no metrics: nothing to say
+    last = [{"epoch": 1.0, "step": 4, "loss": 0.5, "accuracy": 0.75, "seconds": 0.1, "wall_time": 1.0}]
+    # a compiled model's metrics are the recipe's: the summary line names them although the job file has none
+    assert evaluate.summary_line(last, Job(), None, ["accuracy"]).endswith("loss 0.5000, accuracy 0.7500")
+    assert evaluate.summary_line(last, Job(), None).endswith("loss 0.5000")
+
+
+def test_a_checkpoint_resumes_only_at_the_learning_rate_it_trained_at(tmp_path):
+    """--lr-replicas is no part of the job hash: a checkpoint written at another LR is refused, not mixed in."""
+    import json
+    import types
+
+    from common.core.errors import UsageError
+    from common.training import compiled, train
+    from common.training.context import Plan, RunContext
+
+    job = Job(name="r", lr_scaling="linear", learning_rate=0.1)
+    (tmp_path / "meta.json").write_text(json.dumps({"job_hash": job.job_hash, "job_name": "r", "world_size": 1,
+                                                    "step": 2, "learning_rate": 0.2}))
+    backend = types.SimpleNamespace(is_chief=True, allgather=lambda x: [x], name="native",
+                                    capabilities=lambda: types.SimpleNamespace(variant=None))
+    opts = types.SimpleNamespace(resume_from=str(tmp_path), results_dir=str(tmp_path), verbose=False)
+    ctx = RunContext(job, backend, opts, Plan(4, 2, 4, 1))  # type: ignore[arg-type]
+    built = train.Built(None, None, None, compiled.recipe(job, None, 1))  # 0.1: the run's own 1 replica
+    with pytest.raises(UsageError, match="trained at learning rate 0.2 and this run would train at 0.1"):
+        train.find_resume(ctx, built)
+
+
 # -- runs: the tutorial's compiled SGD 0.001 under lr_scaling = "linear" ------------------------------------------
 TUTORIAL = str(REPO / "examples" / "tutorial_job.toml")
 LINEAR = ("--set", "mode=ctl", "--set", "steps=5", "--set", "lr_scaling=linear")
