@@ -162,7 +162,7 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     ctx = dataclasses.replace(ctx, recipe=built.recipe)  # the one recipe, from here on read by all
     if ctx.verbose:  # the global batch, LR and optimizer: the model function may have compiled its own
         print(compiled_mod.banner(ctx, built.compiled), flush=True)
-        line = metrics_line(ctx.trained_by)
+        line = metrics_line(ctx.trained_by) if probe is None else None  # a probed run evaluates nothing
         if line:
             print(line, flush=True)
     resume = find_resume(ctx, built) if probe is None else Resume.fresh(ctx)
