@@ -48,6 +48,11 @@ def base_parser(prog: str, description: str, parser_class: type[OneLineParser] =
                         "bound (horovodrun --gloo, --nproc) each bind to their own share of the cores, like srun "
                         "--cpu-bind=cores (the record says who bound what)")
     p.add_argument("--quiet", action="store_true", help="no progress output (results are still written)")
+    p.add_argument("--lr-replicas", type=int, default=None, metavar="N",
+                   help="scale the learning rate as if N replicas trained (the job's or the compiled model's base LR "
+                        "x N under lr_scaling = \"linear\", the warm-up from LR / N), not the run's replica count: "
+                        "1 worker with N x the batch then takes N workers' steps; recorded in the record's recipe, "
+                        "not part of the job hash (default: the run's replicas)")
     p.add_argument("--iface", default=os.environ.get("TWINBENCH_IFACE") or None, metavar="NAME",
                    help="data network interface for every launcher: Gloo, Open MPI, NCCL, and the addresses MWMS "
                         "workers get (default $TWINBENCH_IFACE, else each launcher picks its own)")
@@ -156,6 +161,8 @@ def _check_numbers(prog: str, args: argparse.Namespace) -> None:
         fail(prog, f"--stall-timeout must be >= 0 seconds (0 = off), got {args.stall_timeout}")
     if args.preempt_check_steps is not None and args.preempt_check_steps < 1:
         fail(prog, f"--preempt-check-steps must be >= 1, got {args.preempt_check_steps}")
+    if args.lr_replicas is not None and args.lr_replicas < 1:
+        fail(prog, f"--lr-replicas must be >= 1, got {args.lr_replicas}")
 
 
 def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOptions, DataFacts | None]:
@@ -166,6 +173,7 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
     from common.workload import usercode
 
     facts = None
+    _check_numbers(prog, args)  # before the job's code is imported (it may import TensorFlow)
     try:
         job = load_job(args.job, args.sets)
         usercode.check_functions(job)  # the user's modules import and hold their functions
@@ -177,7 +185,6 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
             res.check_results_dir(args.results)
     except (JobError, data_mod.DataError, usercode.UserCodeError, OSError) as e:
         fail(prog, str(e))
-    _check_numbers(prog, args)
     try:
         iface = netif.select(args.iface)  # before any launcher library reads its interface variable
     except UsageError as e:
@@ -197,7 +204,7 @@ def prepare(prog: str, args: argparse.Namespace, t0: float) -> tuple[Job, RunOpt
         peer_timeout=args.peer_timeout, stall_timeout=args.stall_timeout,
         preempt_check_steps=args.preempt_check_steps or 0,
         resume_from=args.resume_from, bench=bench, iface=iface, diagnose=args.diagnose,
-        profile_steps=profile_steps, progress_seconds=args.progress_every,
+        profile_steps=profile_steps, progress_seconds=args.progress_every, lr_replicas=args.lr_replicas,
     )
     return job, opts, facts
 

@@ -34,7 +34,7 @@ def run_context(backend: object, opts: RunOptions, steps: int, sync_every: int, 
     """What ``StepHooks`` reads of a run: host syncs every ``sync_every`` steps, ``warm`` untimed steps, ``steps``
     steps of ``images_per_step`` images (one replica)."""
     job = Job(sync_every_steps=sync_every, timing_warmup_steps=warm)
-    return RunContext(job, backend, opts, Plan(images_per_step, 0.1, steps, steps, 1))  # type: ignore[arg-type]
+    return RunContext(job, backend, opts, Plan(images_per_step, steps, steps, 1))  # type: ignore[arg-type]
 
 
 class FakeClock:

@@ -2,10 +2,11 @@
 taken as the job's optimizer, learning rate, loss and metrics (common/training/compiled.py), refused in one line when
 a job key says otherwise or when it cannot be carried over exactly; and a model function without arguments.
 
-One process: the pure-Python checks first, then the ones that build models (TensorFlow in process, no run started).
-The runs of a compiled job on both backends: the tutorial example's common.check (tests/test_tfdata.py: every pair
-agrees, every record holds what was compiled); the refusals through the real
-command line in tests/test_usercode.py (BAD_CASES).
+One process: the pure-Python checks first, then the ones that build models (TensorFlow in process, no run started),
+then three short native runs of the tutorial's compiled job under lr_scaling = "linear" (one identity, one recipe,
+and --lr-replicas). The runs of a compiled job on both backends: the tutorial example's common.check
+(tests/test_tfdata.py: every pair agrees, every record holds what was compiled); the refusals through the real command
+line in tests/test_usercode.py (BAD_CASES).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from common.workload import argcheck, usercode
 from common.workload.job import Job, given_keys, load_job
-from tests.conftest import user_job
+from tests.conftest import REPO, backend_cmd, first_divergence, only_result, run, user_job
 
 pytestmark = pytest.mark.usefixtures("restore_sys_path")  # load_job moves sys.path
 
@@ -151,16 +152,22 @@ def test_the_tutorials_compiled_model_is_the_jobs_objective(tf, tmp_path):
     assert got.optimizer_class is tf.keras.optimizers.legacy.SGD  # the legacy twin the keras = 2 loops need
     assert got.compiled_class == "tf_keras.src.optimizers.sgd.SGD"
     assert (got.learning_rate, got.schedule, got.loss, got.metrics) == (0.001, None, DEFAULT_LOSS, ("accuracy",))
-    ctx = RunContext(job, None, None, Plan(16, job.scaled_learning_rate(2), 4, 8, 2))  # type: ignore[arg-type]
-    run = cm.context(ctx, got)
-    assert ctx.plan.learning_rate == 0.02 and run.plan.learning_rate == 0.002  # lr_scaling applies to the compiled
-    assert (run.job.learning_rate, run.job.metrics, run.job.job_hash) == (0.001, ("accuracy",), run.job.job_hash)
-    optimizer = build_optimizer(run.job, run.plan.learning_rate, got)
+    recipe = cm.recipe(job, got, 2)  # lr_scaling applies to the compiled learning rate, for 2 replicas
+    assert (recipe.source, recipe.base_learning_rate, recipe.learning_rate) == ("compiled", 0.001, 0.002)
+    assert (recipe.loss, recipe.metrics, recipe.lr_replicas) == (DEFAULT_LOSS, ("accuracy",), 2)
+    assert recipe.optimizer.endswith("legacy.gradient_descent.SGD") and recipe.optimizer_config["momentum"] == 0
+    assert "learning_rate" not in recipe.optimizer_config and recipe.compiled_class == got.compiled_class
+    assert job.learning_rate == 0.01  # the job (its identity) is the file's: the recipe holds what trains
+    optimizer = build_optimizer(job, recipe.learning_rate, got)
     assert type(optimizer) is tf.keras.optimizers.legacy.SGD
     assert optimizer.get_config()["learning_rate"] == pytest.approx(0.002) and optimizer.get_config()["momentum"] == 0
     record = got.record()
     assert record["optimizer"]["class"].endswith("legacy.gradient_descent.SGD") and record["learning_rate"] == 0.001
-    assert "the model function's compiled SGD(learning_rate 0.001" in cm.banner(run, got)
+    run = RunContext(job, None, None, Plan(16, 4, 8, 2), recipe)  # type: ignore[arg-type]
+    assert "LR 0.002 (base 0.001, scaling linear; the model function's compiled SGD(learning_rate 0.001" in \
+        cm.banner(run, got)
+    as_if = RunContext(job, None, None, Plan(32, 4, 8, 1), recipe)  # type: ignore[arg-type]
+    assert "scaling linear as if 2 replicas (--lr-replicas)" in cm.banner(as_if, got)
 
 
 def test_an_uncompiled_model_and_no_arguments(tf, tmp_path):
@@ -259,3 +266,85 @@ def test_a_compiled_keras3_model_is_refused(tf, tmp_path):
                                                       "keras": "3", "mode": '"ctl"'}))
     with pytest.raises(usercode.UserCodeError, match="returned a compiled Keras 3 model"):
         models.build_model(job, (6,), 3)
+
+
+# -- pure Python: the recipe of a job's keys, --lr-replicas ----------------------------------------------------------
+def test_a_jobs_keys_are_its_recipe_and_lr_replicas_scales_them(tmp_path):
+    from common import cli
+    from common.training import compiled
+
+    job = Job(optimizer="momentum", momentum=0.8, learning_rate=0.1, lr_scaling="linear", metrics=["accuracy"])
+    recipe = compiled.recipe(job, None, 4)
+    assert (recipe.source, recipe.optimizer, dict(recipe.optimizer_config)) == ("job", "momentum", {"momentum": 0.8})
+    assert (recipe.base_learning_rate, recipe.learning_rate, recipe.lr_replicas) == (0.1, 0.4, 4)
+    assert recipe.record()["metrics"] == ["accuracy"] and recipe.record()["compiled_class"] is None
+    assert compiled.recipe(dataclasses.replace(job, lr_scaling="none"), None, 4).learning_rate == 0.1
+    args = cli.base_parser("p", "d").parse_args(["--lr-replicas", "2", "--results", str(tmp_path)])
+    assert cli.prepare("p", args, 0.0)[1].lr_replicas == 2
+    with pytest.raises(SystemExit) as e:
+        cli.prepare("p", cli.base_parser("p", "d").parse_args(["--lr-replicas", "0"]), 0.0)
+    assert e.value.code == 2
+
+
+def test_the_runs_first_lines_and_summary_say_where_the_recipes_metrics_are_reported():
+    from common.training import compiled, evaluate, train
+
+    recipe = compiled.recipe(Job(metrics=["accuracy"]), None, 1)
+    line = train.metrics_line(recipe)
+    assert line is not None and "['accuracy'] (the job's): reported on the validation data only" in line
+    assert "not on the training batches" in line
+    assert train.metrics_line(compiled.recipe(Job(), None, 1)) is None  # no metrics: nothing to say
+    last = [{"epoch": 1.0, "step": 4, "loss": 0.5, "accuracy": 0.75, "seconds": 0.1, "wall_time": 1.0}]
+    # a compiled model's metrics are the recipe's: the summary line names them although the job file has none
+    assert evaluate.summary_line(last, Job(), None, ["accuracy"]).endswith("loss 0.5000, accuracy 0.7500")
+    assert evaluate.summary_line(last, Job(), None).endswith("loss 0.5000")
+
+
+def test_a_checkpoint_resumes_only_at_the_learning_rate_it_trained_at(tmp_path):
+    """--lr-replicas is no part of the job hash: a checkpoint written at another LR is refused, not mixed in."""
+    import json
+    import types
+
+    from common.core.errors import UsageError
+    from common.training import compiled, train
+    from common.training.context import Plan, RunContext
+
+    job = Job(name="r", lr_scaling="linear", learning_rate=0.1)
+    (tmp_path / "meta.json").write_text(json.dumps({"job_hash": job.job_hash, "job_name": "r", "world_size": 1,
+                                                    "step": 2, "learning_rate": 0.2}))
+    backend = types.SimpleNamespace(is_chief=True, allgather=lambda x: [x], name="native",
+                                    capabilities=lambda: types.SimpleNamespace(variant=None))
+    opts = types.SimpleNamespace(resume_from=str(tmp_path), results_dir=str(tmp_path), verbose=False)
+    ctx = RunContext(job, backend, opts, Plan(4, 2, 4, 1))  # type: ignore[arg-type]
+    built = train.Built(None, None, None, compiled.recipe(job, None, 1))  # 0.1: the run's own 1 replica
+    with pytest.raises(UsageError, match="trained at learning rate 0.2 and this run would train at 0.1"):
+        train.find_resume(ctx, built)
+
+
+# -- runs: the tutorial's compiled SGD 0.001 under lr_scaling = "linear" ------------------------------------------
+TUTORIAL = str(REPO / "examples" / "tutorial_job.toml")
+LINEAR = ("--set", "mode=ctl", "--set", "steps=5", "--set", "lr_scaling=linear")
+
+
+def test_one_identity_one_recipe_and_lr_replicas_give_two_workers_steps(tmp_path):
+    """A compiled model's run and its --diagnose breakdown carry the job file's hash and the recipe that trained
+    (the compiled SGD 0.001, scaled for --lr-replicas 2); 1 worker x 2b with --lr-replicas 2 takes the same steps as
+    2 workers x b (what common.check compares), with no job key the compiled model would refuse."""
+    one = ("--set", "per_replica_batch_size=32", "--lr-replicas", "2")
+    run(backend_cmd("native", tmp_path / "one", *LINEAR, *one, workers=1, job=TUTORIAL))
+    run(backend_cmd("native", tmp_path / "two", *LINEAR, "--set", "per_replica_batch_size=16", job=TUTORIAL))
+    run(backend_cmd("native", tmp_path / "diag", *LINEAR, *one, "--diagnose", "breakdown", workers=1, job=TUTORIAL))
+    train, two, diag = (only_result(tmp_path / d) for d in ("one", "two", "diag"))
+    assert diag["kind"] == "breakdown" and diag["job_hash"] == train["job_hash"] and diag["job"] == train["job"]
+    for rec in (train, two, diag):
+        recipe = rec["recipe"]
+        assert recipe["source"] == "compiled" and recipe["optimizer"].endswith("legacy.gradient_descent.SGD")
+        assert recipe["compiled_class"] == "tf_keras.src.optimizers.sgd.SGD", recipe
+        assert (recipe["base_learning_rate"], recipe["learning_rate"], recipe["lr_replicas"]) == (0.001, 0.002, 2)
+        assert (recipe["loss"], recipe["metrics"]) == ("sparse_categorical_crossentropy", ["accuracy"])
+        assert rec["job"]["learning_rate"] == 0.01  # the job file's (its default): the identity, not what trained
+    assert train["learning_rate"] == two["learning_rate"] == 0.002
+    assert train["global_batch_size"] == two["global_batch_size"] == 32
+    assert first_divergence(train["step_losses"], two["step_losses"], 1e-5) is None, \
+        first_divergence(train["step_losses"], two["step_losses"], 1e-5)
+    assert diag["step_losses"] == train["step_losses"]  # the breakdown trains the same math, bit for bit here

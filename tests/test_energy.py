@@ -106,7 +106,7 @@ def test_gather_and_make_record_carry_the_energy() -> None:
     job, backend, built = one_rank_run("gpu")
     opts = types.SimpleNamespace(iface=None, t_process_start=0.0, command=("python",))
     resume = types.SimpleNamespace(previous={}, start_step=0)
-    ctx = RunContext(job, backend, opts, Plan(4, 0.1, 2, 2, 1))  # type: ignore[arg-type]
+    ctx = RunContext(job, backend, opts, Plan(4, 2, 2, 1))  # type: ignore[arg-type]
     meter = energy.open_meter(0, None, counting_nvml())
     records = []
     for m in (meter, None):

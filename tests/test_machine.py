@@ -139,9 +139,10 @@ def one_rank_run(device: str) -> tuple[Job, Any, Any]:
         name="native", num_workers=1, is_chief=True, allgather=lambda x: [x],
         info=types.SimpleNamespace(local_rank=0, local_size=1, cpus=(0,), cpu_bind="none", device=device),
         describe=lambda: {}, capabilities=lambda: Capabilities(Collective("auto", "n/a", "one process")))
-    from common.training import train
+    from common.training import compiled, train
 
-    built = train.Built(types.SimpleNamespace(weights=[], trainable_weights=[], trainable_variables=[]), None, None)
+    built = train.Built(types.SimpleNamespace(weights=[], trainable_weights=[], trainable_variables=[]), None, None,
+                        compiled.recipe(job, None, 1))
     return job, backend, built
 
 
@@ -154,7 +155,7 @@ def test_records_carry_the_block_through_gather_and_make_record() -> None:
                                   first_step_done=1.0, input_clock=None, evaluations=[])
     opts = types.SimpleNamespace(iface=None, t_process_start=0.0, command=("python",))
     resume = types.SimpleNamespace(previous={}, start_step=0)
-    ctx = RunContext(job, backend, opts, Plan(4, 0.1, 2, 2, 1))  # type: ignore[arg-type]
+    ctx = RunContext(job, backend, opts, Plan(4, 2, 2, 1))  # type: ignore[arg-type]
     gathered = train.gather(ctx, built, hooks, resume, "d")
     everyone = gathered.everyone
     assert everyone[0]["machine"]["cpu"]["logical_cores"] == os.cpu_count()

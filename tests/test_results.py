@@ -83,7 +83,7 @@ RECORD_KEYS = [
     "weights_consistent", "all_weights_consistent", "asynchronous", "input", "network", "topology",
     "collective", "tuning", "capabilities", "machine", "artifacts", "trainable_weights_fingerprint", "evaluations",
     "time_to_target_s", "energy", "slurm_job", "slurm_step", "nodelist",
-    "nccl_transport", "compiled",
+    "nccl_transport", "compiled", "recipe",
 ]
 
 
@@ -216,3 +216,17 @@ def test_versions_name_twinbench_s_commit_and_the_loaded_modules(monkeypatch: py
     monkeypatch.delenv("LOADEDMODULES")
     assert "modules" not in results.versions()  # no module system: nothing said, not an empty value
     assert buildinfo.loaded_modules({"LOADEDMODULES": ""}) is None
+
+
+def test_a_breakdown_carries_the_recipe_and_an_older_one_reads_without_it():
+    """The recipe is an optional field (files before it have none: read as None, no schema step needed)."""
+    rec = res.BreakdownRecord(backend="native", world_size=1, num_workers=1, job_hash="h", job={"name": "j"},
+                              steps=3, timed_steps=2, warmup_steps=1,
+                              phases={p: 0.001 for p in res.BREAKDOWN_PHASES}, step_time=0.005,
+                              host_step_time=0.005, recipe={"source": "compiled", "learning_rate": 0.002})
+    d = rec.to_dict()
+    assert res.BreakdownRecord.from_dict(d).recipe == {"source": "compiled", "learning_rate": 0.002}
+    assert res.BreakdownRecord.from_dict({k: v for k, v in d.items() if k != "recipe"}).recipe is None
+    run = full_record().to_dict()
+    assert res.RunRecord.from_dict({**run, "recipe": {"lr_replicas": 2}}).recipe == {"lr_replicas": 2}
+    assert res.RunRecord.from_dict(run).recipe is None

@@ -121,7 +121,7 @@ class RunRecord:
     job_hash: str
     job: dict[str, Any]  # Job.to_dict()
     global_batch_size: int | None = None
-    learning_rate: float | None = None  # after scaling
+    learning_rate: float | None = None  # after scaling: the recipe's learning_rate
     steps: int | None = None
     steps_per_epoch: int | None = None
     step_losses: list[float] | None = None  # mean over ranks, every step (including those before a resume)
@@ -180,6 +180,11 @@ class RunRecord:
     # config), base learning_rate, schedule, loss and metrics trained in place of the job's keys; None: the job's
     # keys trained (every file before this field: their writers never honoured a compiled model)
     compiled: dict[str, Any] | None = None
+    # what trained (common.training.context.Recipe.record: source "job" or "compiled", optimizer, optimizer_config,
+    # compiled_class, base_learning_rate, lr_scaling, lr_replicas, learning_rate, warmup_epochs, lr_schedule,
+    # lr_schedule_args, schedule, loss, loss_per_output, loss_weights, metrics, keras); ``job`` and ``job_hash`` stay
+    # the job file's identity. None: a file written before this field (its job keys, or ``compiled``, trained)
+    recipe: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (a deep copy), keys in field order."""
@@ -310,6 +315,11 @@ class BreakdownRecord:
     finished_at: str | None = None
     run_id: str | None = None
     machine: dict[str, Any] | None = None  # common.cluster.machine: CPU, GPUs, libraries, Slurm, network, memory
+    # what trained (common.training.context.Recipe.record: source "job" or "compiled", optimizer, optimizer_config,
+    # compiled_class, base_learning_rate, lr_scaling, lr_replicas, learning_rate, warmup_epochs, lr_schedule,
+    # lr_schedule_args, schedule, loss, loss_per_output, loss_weights, metrics, keras); ``job`` and ``job_hash`` stay
+    # the job file's identity. None: a file written before this field (its job keys, or ``compiled``, trained)
+    recipe: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -212,6 +212,7 @@ class Breakdown:
             hosts=[r["host"] for r in everyone], command=list(opts.command),
             started_at=res.now_iso_from(opts.t_process_start), finished_at=res.now_iso(), run_id=res.new_run_id(),
             machine=machine.combine([r["machine"] for r in everyone]),
+            recipe=ctx.trained_by.record(),  # the job's identity above (the file's hash), what trained here
         )
         if opts.verbose:
             print(f"[twinbench] breakdown ({METHOD}): {describe_line(rec)}", flush=True)

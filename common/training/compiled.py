@@ -6,11 +6,13 @@ never replaced in silence.
   does), inside the backend's scope: a ``tf.keras.optimizers.legacy`` one as it is; tf_keras' newer ``SGD`` and
   ``Adam`` (what ``tf.keras.optimizers.SGD`` and ``compile(optimizer="adam")`` make) as their legacy twins, the same
   update rule, which twinbench's keras = 2 loops need (they set the LR from the host; Horovod's fit wraps a legacy
-  optimizer). Its learning rate becomes the job's: ``lr_scaling``, ``warmup_epochs`` and ``lr_schedule`` apply to
-  it as they would to the ``learning_rate`` key; a compiled LearningRateSchedule is kept as it is (no scaling, no
-  warm-up, no job schedule on top of it).
-- The loss becomes the job's ``loss`` value that builds the same loss (``common.training.objective``), the metrics
-  the job's ``metrics``.
+  optimizer). Its learning rate is the recipe's base: ``lr_scaling`` (for the run's replicas or ``--lr-replicas``),
+  ``warmup_epochs`` and ``lr_schedule`` apply to it as they would to the ``learning_rate`` key; a compiled
+  LearningRateSchedule is kept as it is (no scaling, no warm-up, no job schedule on top of it).
+- The loss becomes the recipe's ``loss``: the job ``loss`` value that builds the same loss
+  (``common.training.objective``); the metrics the recipe's ``metrics``.
+- All of it is the run's one ``Recipe`` (``recipe``; common/training/context.py), written in every record; the job
+  (its file and --set keys) stays the run's identity: its hash, its ``job`` block, its checkpoint.
 - A job key the job file set that says otherwise, or anything compiled that cannot be carried over exactly (another
   optimizer class, a loss with its own settings or a function of the user's, loss_weights, weighted_metrics,
   steps_per_execution, jit_compile, a model class with its own ``train_step``): one line naming the keys to set
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from common.training import objective
-from common.training.context import RunContext
+from common.training.context import Recipe, RunContext
 from common.workload import usercode
 from common.workload.job import Job, given_keys
 
@@ -225,22 +227,42 @@ def check_job(job: Job, compiled: Compiled) -> None:
         clash("metrics", f"metrics {list(compiled.metrics)}")
 
 
-def context(ctx: RunContext, compiled: Compiled) -> RunContext:
-    """``ctx`` for the math of a compiled model: the job's learning_rate, loss and metrics the compiled ones, the
-    plan's LR scaled from it (``job.lr_scaling``). Its job is not the job's identity (hash, record, checkpoint)."""
-    job = dataclasses.replace(ctx.job, learning_rate=compiled.learning_rate,
-                              loss=compiled.loss if compiled.loss is not None else ctx.job.loss,
-                              metrics=compiled.metrics if compiled.metrics is not None else ctx.job.metrics)
-    lr = compiled.learning_rate if compiled.schedule is not None else job.scaled_learning_rate(ctx.plan.replicas)
-    return dataclasses.replace(ctx, job=job, plan=dataclasses.replace(ctx.plan, learning_rate=lr))
+def recipe(job: Job, compiled: Compiled | None, lr_replicas: int) -> Recipe:
+    """The run's one recipe: the job's keys, or what the model function compiled in place of the optimizer, the
+    learning rate, the loss and the metrics (``compiled``, checked against the job by ``from_model``). The base
+    learning rate is scaled for ``lr_replicas`` replicas (``job.lr_scaling``): the run's, or ``--lr-replicas``; a
+    compiled schedule is the optimizer's own (no scaling: ``from_model`` refuses one under lr_scaling = "linear")."""
+    shared = {"lr_scaling": job.lr_scaling, "lr_replicas": lr_replicas, "warmup_epochs": job.warmup_epochs,
+              "lr_schedule": job.lr_schedule, "lr_schedule_args": dict(job.lr_schedule_args), "keras": job.keras}
+    if compiled is None:
+        config = {"momentum": job.momentum} if job.optimizer == "momentum" else {}
+        return Recipe(source="job", optimizer=job.optimizer, optimizer_config={**config, **job.optimizer_args},
+                      compiled_class=None, base_learning_rate=job.learning_rate,
+                      learning_rate=job.scaled_learning_rate(lr_replicas), schedule=None, loss=job.loss,
+                      loss_per_output=dict(job.loss_per_output), loss_weights=dict(job.loss_weights),
+                      metrics=tuple(job.metrics), **shared)
+    base = compiled.learning_rate
+    scaled = base * lr_replicas if job.lr_scaling == "linear" and compiled.schedule is None else base
+    own_loss = compiled.loss is not None  # a compiled loss: no loss_per_output (check_job refuses one given)
+    config = {k: v for k, v in compiled.optimizer_config.items() if k not in ("learning_rate", "name")}
+    return Recipe(source="compiled", optimizer=_name(compiled.optimizer_class), optimizer_config=_plain(config),
+                  compiled_class=compiled.compiled_class, base_learning_rate=base, learning_rate=scaled,
+                  schedule=compiled.schedule, loss=compiled.loss if own_loss else job.loss,
+                  loss_per_output={} if own_loss else dict(job.loss_per_output),
+                  loss_weights={} if own_loss else dict(job.loss_weights),
+                  metrics=compiled.metrics if compiled.metrics is not None else tuple(job.metrics), **shared)
 
 
 def banner(run: RunContext, compiled: Compiled | None) -> str:
-    """The chief's line on the global batch, the learning rate and the optimizer the loops train with."""
-    job, plan, replicas, lr = run.job, run.plan, run.plan.replicas, run.plan.learning_rate
-    warm = f", warm-up {job.warmup_epochs} epoch(s) from {lr / replicas:g}" if job.warmup_epochs else ""
-    warm += f", then {job.lr_schedule}" if job.lr_schedule != "constant" else ""
-    optimizer = f"optimizer {job.optimizer}" if compiled is None else \
+    """The chief's line on the global batch, the learning rate and the optimizer the loops train with (the recipe;
+    ``compiled``: what the model function compiled, to say which parts are its)."""
+    plan, recipe = run.plan, run.trained_by
+    lr, replicas = recipe.learning_rate, recipe.lr_replicas
+    warm = f", warm-up {recipe.warmup_epochs} epoch(s) from {lr / replicas:g}" if recipe.warmup_epochs else ""
+    warm += f", then {recipe.lr_schedule}" if recipe.lr_schedule != "constant" else ""
+    as_if = f" as if {replicas} replicas (--lr-replicas)" if replicas != plan.replicas else ""
+    optimizer = f"optimizer {recipe.optimizer}" if compiled is None else \
         f"the model function's compiled {compiled.describe()}"
-    return (f"[twinbench] global batch {plan.global_batch} = {plan.per_replica_batch} per replica x {replicas}; "
-            f"LR {lr:g} (base {job.learning_rate:g}, scaling {job.lr_scaling}{warm}; {optimizer}, keras {job.keras})")
+    return (f"[twinbench] global batch {plan.global_batch} = {plan.per_replica_batch} per replica x {plan.replicas}; "
+            f"LR {lr:g} (base {recipe.base_learning_rate:g}, scaling {recipe.lr_scaling}{as_if}{warm}; {optimizer}, "
+            f"keras {recipe.keras})")

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from common.core.errors import UsageError
+from common.training.objective import Objective
 from common.workload.job import Job
 
 EVAL_BATCH = 256  # examples per forward pass: fixed, so no world size or per-replica batch changes the rounding
@@ -79,12 +80,15 @@ def time_to_target(evaluations: Sequence[Mapping[str, Any]], metric: str, target
     return None
 
 
-def summary_line(evaluations: Sequence[Mapping[str, Any]], job: Job, ttt: float | None) -> str | None:
-    """One line on the last evaluation (and the target), or None when the run evaluated nothing."""
+def summary_line(evaluations: Sequence[Mapping[str, Any]], job: Job, ttt: float | None,
+                 metrics: Sequence[str] | None = None) -> str | None:
+    """One line on the last evaluation (and the target), or None when the run evaluated nothing. ``metrics``: the
+    run's recipe's (a compiled model's), else the job's."""
     if not evaluations:
         return None
     last = evaluations[-1]
-    values = ", ".join(f"{k} {float(last[k]):.4f}" for k in ("loss", *job.metrics))
+    names = ("loss", *(job.metrics if metrics is None else metrics))
+    values = ", ".join(f"{k} {float(last[k]):.4f}" for k in names if k in last)
     line = f"[twinbench] validation after step {last['step']} (epoch {float(last['epoch']):.2f}): {values}"
     if job.target_metric:
         op = "<=" if job.target_metric == "loss" else ">="
@@ -126,7 +130,7 @@ def metric_fn(name: str) -> Callable[[Any, Any], Any]:
     return per_label
 
 
-def _batch_fn(job: Job, model: Any) -> Any:
+def _batch_fn(job: Objective, model: Any) -> Any:
     """A tf.function: (x, y) -> per-example loss and one per-example vector per metric (float32)."""
     import tensorflow as tf
 
@@ -148,7 +152,7 @@ def _batch_fn(job: Job, model: Any) -> Any:
     return per_example
 
 
-def evaluate_arrays(job: Job, model: Any, x: np.ndarray, y: np.ndarray, batch: int = EVAL_BATCH,
+def evaluate_arrays(job: Objective, model: Any, x: np.ndarray, y: np.ndarray, batch: int = EVAL_BATCH,
                     ping: Callable[[], None] | None = None, fn: Any = None) -> dict[str, float]:
     """``{"loss": ..., metric: ...}``: means over every example of (x, y), in batches of ``batch`` in order,
     summed in float64 on the host (the same numbers on every rank that holds the same weights). ``fn``: a
@@ -171,8 +175,9 @@ class Evaluator:
     """One run's evaluations (every rank makes one, and evaluates at the same steps)."""
 
     def __init__(self, job: Job, model: Any, backend: Any, arrays: tuple[np.ndarray, np.ndarray],
-                 steps_per_epoch: int, total_steps: int) -> None:
+                 steps_per_epoch: int, total_steps: int, spec: Objective | None = None) -> None:
         self.job, self.model, self.backend = job, model, backend
+        self.spec: Objective = spec or job  # the loss and metrics: the run's recipe's (a compiled model's)
         x = np.asarray(arrays[0])
         self.x = x.astype(np.float32) if x.dtype == np.float64 else x  # the model's inputs are float32
         self.y = np.asarray(arrays[1])
@@ -185,7 +190,7 @@ class Evaluator:
 
     def values(self, ping: Callable[[], None] | None) -> dict[str, float]:
         """The numbers of one evaluation (``run``'s): the arrays' (an input function's: ``streamed``)."""
-        return evaluate_arrays(self.job, self.model, self.x, self.y, ping=ping, fn=self._fn)
+        return evaluate_arrays(self.spec, self.model, self.x, self.y, ping=ping, fn=self._fn)
 
     def run(self, step: int, ping: Callable[[], None] | None = None) -> dict[str, Any]:
         """Evaluate after global step ``step``: the record's entry without its times (``StepHooks`` adds them).
@@ -193,15 +198,16 @@ class Evaluator:
         self._last = step
         self.backend.sync_model_state(self.model)  # BatchNorm statistics as MWMS reads them: the mean over ranks
         if self._fn is None:
-            self._fn = _batch_fn(self.job, self.model)
+            self._fn = _batch_fn(self.spec, self.model)
         values = self.values(ping)
         self.backend.barrier()  # every rank leaves together: the next timed window starts equal on all of them
         return {"epoch": step / self.steps_per_epoch, "step": step, **values}
 
 
-def no_evaluation_line(job: Job) -> str | None:
-    """Why the job's ``metrics`` (or ``target_metric``) will never be computed, as one line, or None."""
-    asked = [*job.metrics] or ([job.target_metric] if job.target_metric else [])
+def no_evaluation_line(job: Job, metrics: Sequence[str] | None = None) -> str | None:
+    """Why the job's ``metrics`` (``metrics``: the recipe's), or ``target_metric``, will never be computed, as one
+    line, or None."""
+    asked = [*(job.metrics if metrics is None else metrics)] or ([job.target_metric] if job.target_metric else [])
     if not asked:
         return None
     return (f"[twinbench] warning: metrics = {asked} but dataset = {job.dataset!r} gives no validation data: no "
@@ -209,21 +215,24 @@ def no_evaluation_line(job: Job) -> str | None:
             "\"validation\" dataset from an input function)")
 
 
-def say_no_evaluation(job: Job, backend: Any) -> None:
+def say_no_evaluation(job: Job, backend: Any, metrics: Sequence[str] | None = None) -> None:
     """The chief says once, before training, that the job's metrics will not be computed (stderr: under --quiet too)."""
-    line = no_evaluation_line(job)
+    line = no_evaluation_line(job, metrics)
     if line and backend.is_chief:
         print(line, file=sys.stderr, flush=True)
 
 
-def make_evaluator(job: Job, model: Any, backend: Any, steps_per_epoch: int, total_steps: int) -> Evaluator | None:
-    """The run's evaluator, or None when the job's dataset has no validation split."""
+def make_evaluator(job: Job, model: Any, backend: Any, steps_per_epoch: int, total_steps: int,
+                   spec: Objective | None = None) -> Evaluator | None:
+    """The run's evaluator, or None when the job's dataset has no validation split. ``spec``: the run's recipe (the
+    loss and metrics evaluated), else the job's keys."""
     from common.workload import data as data_mod
 
+    spec = spec or job
     arrays = data_mod.validation_arrays(job)
     if arrays is None:
-        say_no_evaluation(job, backend)
+        say_no_evaluation(job, backend, spec.metrics)
         return None
-    for name in job.metrics:
+    for name in spec.metrics:
         metric_fn(name)  # UsageError (exit 2) before the first step for a name without per-example values
-    return Evaluator(job, model, backend, arrays, steps_per_epoch, total_steps)
+    return Evaluator(job, model, backend, arrays, steps_per_epoch, total_steps, spec)

@@ -19,7 +19,7 @@ from common.core.contract import Backend, Warmup
 from common.training import inputwait, keras3, outputs
 from common.training.context import RunContext
 from common.training.hostsync import StepHooks
-from common.training.objective import fit_objective, lr_schedule, mean_over_ranks
+from common.training.objective import Objective, fit_objective, lr_schedule, mean_over_ranks
 from common.training.step import ReplicaStep, make_step
 from common.workload.job import Job
 
@@ -111,18 +111,20 @@ class FitParts:
                            optimizer_reduces=self.optimizer_reduces)
 
 
-def fit_model(job: Job, backend: Backend, inner: Any, optimizer: Any) -> Any:
-    """The model ``fit`` trains: the job's model as a ``TwinModel`` with its ``FitParts``, compiled."""
+def fit_model(job: Job, recipe: Objective, backend: Backend, inner: Any, optimizer: Any) -> Any:
+    """The model ``fit`` trains: the job's model as a ``TwinModel`` with its ``FitParts``, compiled with the
+    recipe's loss."""
     multi = outputs.is_multi(inner)
     parts = FitParts(backend.reduce_gradients, backend.num_replicas, backend.info.replicas_per_worker,
-                     backend.capabilities().optimizer_reduces, bool(job.xla), outputs.structure_loss(job, inner))
+                     backend.capabilities().optimizer_reduces, bool(job.xla), outputs.structure_loss(recipe, inner))
     model = twin_model_class()(inputs=inner.inputs, outputs=inner.output if multi else inner.outputs,
                                name=inner.name, parts=parts)
     # tf_keras' default ("auto" = "sum" under MWMS) all-reduces every returned log across workers each step, on top
     # of the metrics' own sync, and so shows N x the loss. "first" keeps the synced metric values as they are and
     # adds no collective that Horovod runs do not have.
     model.distribute_reduction_method = "first"
-    model.compile(optimizer=optimizer, **outputs.compile_loss(job, model), steps_per_execution=job.steps_per_execution)
+    model.compile(optimizer=optimizer, **outputs.compile_loss(recipe, model),
+                  steps_per_execution=job.steps_per_execution)
     return model
 
 
@@ -212,17 +214,19 @@ def twin_model_class() -> Any:
 
 def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: StepHooks) -> None:
     """Keras ``fit`` for the run's steps (``optimizer`` is the compiled model's: fit reads it from the model)."""
-    job, backend, plan = ctx.job, ctx.backend, ctx.plan
+    job, backend, plan, recipe = ctx.job, ctx.backend, ctx.plan, ctx.trained_by
     StepRecorder, WarmupLR = _fit_callback_classes()
-    # The backend's own warm-up callback counts Keras epochs from 0: only offered for a run that starts at step 0,
-    # and only with a constant schedule after it (twinbench's callback then sets the warm-up and the schedule).
-    scheduled = job.lr_schedule != "constant"
-    offer = Warmup(job.warmup_epochs, plan.steps_per_epoch, plan.learning_rate) \
-        if job.warmup_epochs and hooks.start_step == 0 and not scheduled else None
+    # The backend's own warm-up callback counts Keras epochs from 0 and ramps from LR / its own replicas: only
+    # offered for a run that starts at step 0, warms up for its own replicas (not --lr-replicas), and has a constant
+    # schedule after it (otherwise twinbench's callback sets the warm-up and the schedule).
+    scheduled = recipe.lr_schedule != "constant"
+    offer = Warmup(recipe.warmup_epochs, plan.steps_per_epoch, recipe.learning_rate) \
+        if recipe.warmup_epochs and hooks.start_step == 0 and not scheduled \
+        and recipe.lr_replicas == plan.replicas else None
     callbacks, warmup_handled = backend.fit_callbacks(offer)
-    if (job.warmup_epochs or scheduled) and not warmup_handled:
-        callbacks.append(WarmupLR(hooks, lr_schedule(job, plan.learning_rate, plan.steps_per_epoch, plan.total_steps,
-                                                     plan.replicas)))
+    if (recipe.warmup_epochs or scheduled) and not warmup_handled:
+        callbacks.append(WarmupLR(hooks, lr_schedule(recipe, recipe.learning_rate, plan.steps_per_epoch,
+                                                     plan.total_steps, recipe.lr_replicas)))
     model.parts.ring = ring = LossRing(job.sync_interval, 1)
     hooks.input_clock = model.parts.clock = inputwait.InputClock("gap", hooks.warm)
     callbacks.append(StepRecorder(hooks, ring))
@@ -269,7 +273,8 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
             return counter.assign_add(1)
 
     set_lr = keras3.learning_rate_setter(job, optimizer)
-    schedule = lr_schedule(job, plan.learning_rate, plan.steps_per_epoch, plan.total_steps, plan.replicas)
+    recipe = ctx.trained_by
+    schedule = lr_schedule(recipe, recipe.learning_rate, plan.steps_per_epoch, plan.total_steps, recipe.lr_replicas)
     hooks.start_clock()
     while hooks.global_step < plan.total_steps:
         new_lr = schedule(hooks.global_step)

@@ -19,21 +19,38 @@ The job's ``loss``: the default, sparse categorical cross-entropy from logits (w
 or ``"package.module:function"``, a per-example loss ``fn(y_true, y_pred) -> [batch]`` called as it is (with the
 labels and outputs in their structures for a model with several outputs). Or ``loss_per_output``: the weighted sum
 of the outputs' per-example losses (``per_output_values``; common/training/outputs.py says how fit matches it).
+
+What these functions read of the loss and the schedule is an ``Objective``: the run's ``Recipe``
+(common/training/context.py: the job's keys, or what a compiled model brought in their place), or a ``Job`` itself
+where no model is involved (its keys are the recipe then).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from common.core.errors import one_line
 from common.workload import usercode
-from common.workload.job import DEFAULT_LOSS, Job, loss_weights_of
+from common.workload.job import DEFAULT_LOSS, loss_weights_of
 
 
-def per_example_loss(job: Job) -> Any:
+class Objective(Protocol):
+    """The keys the loss, the metrics and the LR schedule are built from (a ``Recipe``, or a ``Job``)."""
+
+    loss: str
+    loss_per_output: Mapping[str, str]
+    loss_weights: Mapping[str, float]
+    metrics: Sequence[str]
+    warmup_epochs: int
+    lr_schedule: str
+    lr_schedule_args: Mapping[str, Any]
+    keras: int
+
+
+def per_example_loss(job: Objective) -> Any:
     """The job's loss, one value per example (no reduction)."""
     import tensorflow as tf
 
@@ -45,7 +62,7 @@ def per_example_loss(job: Job) -> Any:
     return loss_from("loss", job.loss, tf.keras.losses.Reduction.NONE)
 
 
-def fit_loss(job: Job) -> Any:
+def fit_loss(job: Objective) -> Any:
     """The same loss for ``Model.compile``, with Keras' own reduction (Keras scales it for the strategy)."""
     import tensorflow as tf
 
@@ -136,7 +153,7 @@ def _loss_text(loss: Any) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in _loss_settings(loss).items())
 
 
-def _per_output(job: Job, reduction: Any) -> dict[str, Any]:
+def _per_output(job: Objective, reduction: Any) -> dict[str, Any]:
     """``loss_per_output``'s losses by output name, each built as the job's ``loss`` is (``loss_from``)."""
     return {name: loss_from(f"loss_per_output[{name!r}]", value, reduction)
             for name, value in sorted(job.loss_per_output.items())}
@@ -154,7 +171,7 @@ def _match(y: Any, out: Any) -> Any:
     return y
 
 
-def per_output_values(job: Job) -> Callable[[Any, Any], dict[str, Any]]:
+def per_output_values(job: Objective) -> Callable[[Any, Any], dict[str, Any]]:
     """``(labels dict, outputs dict) -> {output name: weight x its per-example losses}`` (``loss_per_output``)."""
     import tensorflow as tf
 
@@ -167,7 +184,7 @@ def per_output_values(job: Job) -> Callable[[Any, Any], dict[str, Any]]:
     return values
 
 
-def _weighted_sum(job: Job) -> Callable[[Any, Any], Any]:
+def _weighted_sum(job: Objective) -> Callable[[Any, Any], Any]:
     """``(labels dict, outputs dict) -> [batch]``: the sum of ``per_output_values``, in the outputs' sorted order
     (Keras' order for a dict; common/training/outputs.py)."""
     parts = per_output_values(job)
@@ -181,7 +198,8 @@ def _weighted_sum(job: Job) -> Callable[[Any, Any], Any]:
     return objective
 
 
-def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray, num_classes: int | None) -> None:
+def check_loss_takes(job: Objective, output_shape: tuple[Any, ...], labels: np.ndarray,
+                     num_classes: int | None) -> None:
     """UserCodeError (exit 2) naming ``loss`` unless the loss takes a model output of ``output_shape`` with labels
     like ``labels`` and returns one value per example: checked in every rank before the first step."""
     import tensorflow as tf
@@ -206,7 +224,7 @@ def check_loss_takes(job: Job, output_shape: tuple[Any, ...], labels: np.ndarray
                                      f"({k},){hint}")
 
 
-def replica_objective(job: Job, model: Any, global_batch: int, replicas: int) -> Callable[[Any, Any], Any]:
+def replica_objective(job: Objective, model: Any, global_batch: int, replicas: int) -> Callable[[Any, Any], Any]:
     """The custom loop's ``(x, y) -> (share, outputs)``: this replica's share of the objective, sum(per-example loss)
     / ``global_batch`` + regularisation / ``replicas``, and the model's outputs (call it inside the replica function,
     under a GradientTape: ``common.training.step``)."""
@@ -288,12 +306,14 @@ def lr_at_step(step: int, lr: float, steps_per_epoch: int, replicas: int, warmup
     return lr * warmup_multiplier(epoch + batch / steps_per_epoch, steps_per_epoch, replicas, warmup_epochs)
 
 
-def lr_schedule(job: Job, lr: float, steps_per_epoch: int, total_steps: int, replicas: int) -> Callable[[int], Any]:
+def lr_schedule(job: Objective, lr: float, steps_per_epoch: int, total_steps: int,
+                replicas: int) -> Callable[[int], Any]:
     """``step -> LR`` to set before 0-based global ``step``, or None to leave it where it is: the warm-up
-    (``lr_at_step``), then the job's ``lr_schedule`` over the ``total_steps - warm-up`` steps after it: constant
-    (None), cosine (from ``lr`` to 0 at the end of the run), or the user's schedule, made once here by
-    ``function(lr, decay_steps, **lr_schedule_args)`` (a LearningRateSchedule of the job's Keras family) and
-    evaluated at the steps since the warm-up ended. UserCodeError (exit 2) naming ``lr_schedule`` otherwise."""
+    (``lr_at_step``, from ``lr / replicas``: the recipe's ``lr_replicas``), then the job's ``lr_schedule`` over the
+    ``total_steps - warm-up`` steps after it: constant (None), cosine (from ``lr`` to 0 at the end of the run), or
+    the user's schedule, made once here by ``function(lr, decay_steps, **lr_schedule_args)`` (a
+    LearningRateSchedule of the job's Keras family) and evaluated at the steps since the warm-up ended.
+    UserCodeError (exit 2) naming ``lr_schedule`` otherwise."""
     import math
 
     warm = job.warmup_epochs * steps_per_epoch
@@ -312,7 +332,7 @@ def lr_schedule(job: Job, lr: float, steps_per_epoch: int, total_steps: int, rep
     return at
 
 
-def _user_schedule(job: Job, lr: float, decay_steps: int) -> Any:
+def _user_schedule(job: Objective, lr: float, decay_steps: int) -> Any:
     import tensorflow as tf
 
     schedule = usercode.call("lr_schedule", job.lr_schedule, lr, decay_steps, **job.lr_schedule_args)

@@ -20,13 +20,16 @@ Checked in every rank before the first step (``check``): each mismatch one line 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from common.core.errors import one_line
 from common.workload import usercode
 from common.workload.job import DEFAULT_LOSS, Job, loss_weights_of
+
+if TYPE_CHECKING:
+    from common.training.objective import Objective
 
 
 def is_multi(model: Any) -> bool:
@@ -36,7 +39,7 @@ def is_multi(model: Any) -> bool:
     return tf.nest.is_nested(model.output)
 
 
-def compile_loss(job: Job, model: Any) -> dict[str, Any]:
+def compile_loss(job: Objective, model: Any) -> dict[str, Any]:
     """``Model.compile``'s loss arguments for ``fit``: ``loss_per_output`` as a dict with every output's weight; None
     for a user loss over the structures of a multi-output model (``structure_loss`` has it); else the job's single
     loss (``objective.fit_loss``)."""
@@ -49,7 +52,7 @@ def compile_loss(job: Job, model: Any) -> dict[str, Any]:
     return {"loss": objective.fit_loss(job)}
 
 
-def structure_loss(job: Job, model: Any) -> Any:
+def structure_loss(job: Objective, model: Any) -> Any:
     """The per-example loss ``fit``'s objective applies to a multi-output model's structures (what ``compile_loss``
     leaves out), or None."""
     from common.training import objective
@@ -58,29 +61,31 @@ def structure_loss(job: Job, model: Any) -> Any:
 
 
 # -- the check before the first step --------------------------------------------------------------------------------
-def check(job: Job, model: Any, labels: Any, num_classes: int | None) -> None:
+def check(job: Job, model: Any, labels: Any, num_classes: int | None, spec: Objective | None = None) -> None:
     """UserCodeError (exit 2, one line naming the key) unless the job's loss takes the model's outputs with labels
-    like ``labels`` (NumPy, in their structure; None: not known, the structure alone is checked)."""
+    like ``labels`` (NumPy, in their structure; None: not known, the structure alone is checked). ``spec``: the
+    run's recipe (its loss and metrics: a compiled model's), else the job's keys."""
     import tensorflow as tf
 
     from common.training import objective
 
+    spec = spec or job
     out = model.output
     if not tf.nest.is_nested(out):
-        if job.loss_per_output:
+        if spec.loss_per_output:
             raise usercode.UserCodeError(f"loss_per_output: model = {job.model!r} has one output: give its loss "
                                          "with loss")
         if labels is not None and tf.nest.is_nested(labels):
             raise usercode.UserCodeError(f"dataset = {job.dataset!r}: labels are a {type(labels).__name__} but "
                                          f"model = {job.model!r} has one output")
         if labels is not None:
-            objective.check_loss_takes(job, tuple(model.output_shape), labels, num_classes)
+            objective.check_loss_takes(spec, tuple(model.output_shape), labels, num_classes)
         return
     names = sorted(out) if isinstance(out, dict) else None
-    _check_keys(job, out, names)
+    _check_keys(job, spec, out, names)
     if labels is None:
         return
-    if job.loss_per_output:
+    if spec.loss_per_output:
         if not isinstance(labels, dict):
             raise usercode.UserCodeError(f"dataset = {job.dataset!r}: labels are a {type(labels).__name__}: "
                                          "loss_per_output takes a dict of labels by output name")
@@ -88,33 +93,33 @@ def check(job: Job, model: Any, labels: Any, num_classes: int | None) -> None:
         if missing:
             raise usercode.UserCodeError(f"dataset = {job.dataset!r}: the labels have no key {missing[0]!r} for "
                                          f"the model's output {missing[0]!r} (labels: {sorted(labels)})")
-    _check_values(job, out, labels)
+    _check_values(spec, out, labels)
 
 
-def _check_keys(job: Job, out: Any, names: list[str] | None) -> None:
+def _check_keys(job: Job, spec: Objective, out: Any, names: list[str] | None) -> None:
     what = f"model = {job.model!r} has outputs {names if names is not None else f'[{len(out)} in a list]'}"
-    if job.metrics:
-        raise usercode.UserCodeError(f"metrics = {list(job.metrics)}: {what}; metrics are computed for "
+    if spec.metrics:
+        raise usercode.UserCodeError(f"metrics = {list(spec.metrics)}: {what}; metrics are computed for "
                                      "single-output models only (the validation loss is computed all the same)")
-    if job.loss_per_output:
+    if spec.loss_per_output:
         if names is None:
             raise usercode.UserCodeError(f"loss_per_output: {what}: return a dict of outputs by name (or give "
                                          "loss = \"package.module:function\" taking the structures)")
-        extra = sorted(set(job.loss_per_output) - set(names))
-        missing = sorted(set(names) - set(job.loss_per_output))
+        extra = sorted(set(spec.loss_per_output) - set(names))
+        missing = sorted(set(names) - set(spec.loss_per_output))
         if extra:
             raise usercode.UserCodeError(f"loss_per_output[{extra[0]!r}]: the model has no output {extra[0]!r} "
                                          f"({what})")
         if missing:
             raise usercode.UserCodeError(f"loss_per_output: no loss for the model's output {missing[0]!r} ({what}; "
                                          "a weight of 0 in loss_weights leaves an output out)")
-    elif not usercode.is_ref(job.loss):
-        shown = f"loss = {job.loss!r}" if job.loss != DEFAULT_LOSS else "loss (the default)"
+    elif not usercode.is_ref(spec.loss):
+        shown = f"loss = {spec.loss!r}" if spec.loss != DEFAULT_LOSS else "loss (the default)"
         raise usercode.UserCodeError(f"{shown}: {what}: give loss_per_output = {{name = \"loss\", ...}} or loss = "
                                      "\"package.module:function\" taking the label and output structures")
 
 
-def _check_values(job: Job, out: Any, labels: Any) -> None:
+def _check_values(job: Objective, out: Any, labels: Any) -> None:
     """The per-example objective on zero outputs and the sample labels: one value per example."""
     import tensorflow as tf
 

@@ -39,3 +39,6 @@ class RunOptions:
     # "breakdown": a diagnostic run of the job's step split into phases (common.diagnostics.breakdown)
     diagnose: str | None = None
     iface: str | None = None  # --iface: the data network interface every launcher was pointed at (None: theirs)
+    # --lr-replicas N: scale (and warm up) the recipe's learning rate as if N replicas trained (None: the run's own);
+    # a 1-worker run with N x the batch then takes N workers' steps (common.check). Not part of the job's identity.
+    lr_replicas: int | None = None

@@ -93,7 +93,8 @@ def make_step(ctx: RunContext, model: Any, optimizer: Any, global_batch: int | N
 
     job, plan = ctx.job, ctx.plan
     replicas = plan.replicas if replicas is None else replicas
-    objective = replica_objective(job, model, plan.global_batch if global_batch is None else global_batch, replicas)
+    global_batch = plan.global_batch if global_batch is None else global_batch
+    objective = replica_objective(ctx.trained_by, model, global_batch, replicas)  # the recipe's loss
     if job.xla:
         objective = tf.function(objective, jit_compile=True)
     return ReplicaStep(objective, model.trainable_variables, optimizer, ctx.backend.reduce_gradients, replicas,

@@ -128,9 +128,9 @@ def make_evaluator(ctx: RunContext, model: Any) -> evaluate.Evaluator | None:
     assert ctx.plan.pipeline is not None
     dataset = ctx.plan.pipeline["validation"]
     if dataset is None:
-        evaluate.say_no_evaluation(ctx.job, ctx.backend)
+        evaluate.say_no_evaluation(ctx.job, ctx.backend, ctx.trained_by.metrics)
         return None
-    for name in ctx.job.metrics:
+    for name in ctx.trained_by.metrics:
         evaluate.metric_fn(name)  # UsageError (exit 2) before the first step for a name without per-example values
     return StreamEvaluator(ctx, model, dataset)
 
@@ -142,11 +142,11 @@ class StreamEvaluator(evaluate.Evaluator):
 
     def __init__(self, ctx: RunContext, model: Any, dataset: Any) -> None:
         super().__init__(ctx.job, model, ctx.backend, (np.zeros(1), np.zeros(1)), ctx.plan.steps_per_epoch,
-                         ctx.plan.total_steps)
+                         ctx.plan.total_steps, ctx.trained_by)
         self.dataset = dataset
 
     def values(self, ping: Callable[[], None] | None) -> dict[str, float]:
-        names = ("loss", *self.job.metrics)
+        names = ("loss", *self.spec.metrics)
         sums, n = [0.0] * len(names), 0
         for x, y in self.dataset:  # a fresh pass every evaluation
             parts = self._fn(x, y)

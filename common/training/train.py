@@ -11,6 +11,7 @@ checkpoint (resume and preemption), the gathering of every rank's measurements, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -30,7 +31,7 @@ from common.core.privacy import public_env
 from common.training import compiled as compiled_mod
 from common.training import evaluate, inputwait, keras3, loops, objective, observe, outputs, streamed
 from common.training import reliability as rel
-from common.training.context import Plan, RunContext
+from common.training.context import Plan, Recipe, RunContext
 from common.training.hostsync import StepHooks
 from common.training.optimizers import build_optimizer  # bench/ imports it from here too
 from common.training.runconfig import RunOptions
@@ -69,8 +70,8 @@ class Built:
     model: Any
     optimizer: Any
     checkpoint: Any
-    run: RunContext | None = None  # what the loops train by (compiled.context); the identity (hash) is ctx.job's
-    compiled: compiled_mod.Compiled | None = None
+    recipe: Recipe  # what trains (compiled.recipe): the job's keys or the model function's compile()
+    compiled: compiled_mod.Compiled | None = None  # what the model function compiled, if it did
 
 
 @dataclass(frozen=True)
@@ -158,16 +159,19 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
            heartbeat: rel.Heartbeat | None, probe: Probe | None) -> Any:
     backend, opts, plan = ctx.backend, ctx.opts, ctx.plan
     built = build(ctx)
-    run = built.run or ctx  # what trains: the job's keys, or the compiled model's optimizer, loss and metrics
-    if run.verbose:  # the global batch, LR and optimizer: the model function may have compiled its own
-        print(compiled_mod.banner(run, built.compiled), flush=True)
+    ctx = dataclasses.replace(ctx, recipe=built.recipe)  # the one recipe, from here on read by all
+    if ctx.verbose:  # the global batch, LR and optimizer: the model function may have compiled its own
+        print(compiled_mod.banner(ctx, built.compiled), flush=True)
+        line = metrics_line(ctx.trained_by) if probe is None else None  # a probed run evaluates nothing
+        if line:
+            print(line, flush=True)
     resume = find_resume(ctx, built) if probe is None else Resume.fresh(ctx)
     dataset = backend.make_dataset(training_input(ctx, resume.start_step))
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
-    hooks = StepHooks(run, resume.start_step, preemption, watchdog, least_warm=probe.least_warm if probe else 0)
+    hooks = StepHooks(ctx, resume.start_step, preemption, watchdog, least_warm=probe.least_warm if probe else 0)
     hooks.energy = energy.rank_meter()  # None without a GPU energy counter: the record's energy is then absent
-    drive(run, built, dataset, hooks, probe)
+    drive(ctx, built, dataset, hooks, probe)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
     backend.sync_model_state(built.model)
     gathered = gather(ctx, built, hooks, resume, init_digest, probe.measured(hooks) if probe else {})
@@ -187,24 +191,37 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     if not backend.is_chief:
         return None
     if probe is not None:
-        return probe.record(run, built, gathered)
+        return probe.record(ctx, built, gathered)
     record = make_record(ctx, built, resume, gathered)
     publish(record, opts, resume, hooks.trace)
     return record
 
 
-def drive(run: RunContext, built: Built, dataset: Any, hooks: StepHooks, probe: Probe | None) -> None:
+def drive(ctx: RunContext, built: Built, dataset: Any, hooks: StepHooks, probe: Probe | None) -> None:
     """The loop: the backend's own (parameter servers), a probe's around the custom loop's step, or the job's mode;
     validation (when the job has it) in the shared loops only, never in a probed run."""
     if probe is not None:
-        loops.run_ctl(run, built.model, built.optimizer, dataset, hooks, probe)
+        loops.run_ctl(ctx, built.model, built.optimizer, dataset, hooks, probe)
         return
-    own_loop = run.backend.train_loop()
+    own_loop = ctx.backend.train_loop()
     if own_loop is None:
-        hooks.evaluator = streamed.make_evaluator(run, built.model) if run.plan.pipeline else \
-            evaluate.make_evaluator(run.job, built.model, run.backend, run.plan.steps_per_epoch, run.plan.total_steps)
-    loop = own_loop or (loops.run_fit if run.job.mode == "fit" else loops.run_ctl)
-    loop(run, built.model, built.optimizer, dataset, hooks)
+        hooks.evaluator = streamed.make_evaluator(ctx, built.model) if ctx.plan.pipeline else \
+            evaluate.make_evaluator(ctx.job, built.model, ctx.backend, ctx.plan.steps_per_epoch, ctx.plan.total_steps,
+                                    ctx.trained_by)
+    loop = own_loop or (loops.run_fit if ctx.job.mode == "fit" else loops.run_ctl)
+    loop(ctx, built.model, built.optimizer, dataset, hooks)
+
+
+def metrics_line(recipe: Recipe) -> str | None:
+    """The chief's line, before the first step, on what becomes of the recipe's metrics (None: it has none): the
+    validation data's, never the training batches' (every step reports its loss only, the same math on both
+    backends and both loops; Keras fit's running training metrics are not computed)."""
+    if not recipe.metrics:
+        return None
+    whose = "the compiled model's" if recipe.source == "compiled" else "the job's"
+    return (f"[twinbench] metrics {list(recipe.metrics)} ({whose}): reported on the validation data only (the "
+            "record's evaluations and the summary line; none without a validation split); not on the training "
+            "batches: every training step reports its loss only")
 
 
 # -- the named steps ------------------------------------------------------------------------------------------
@@ -223,7 +240,7 @@ def make_plan(job: Job, backend: Backend, facts: data_mod.DataFacts | None = Non
     if spe % per_exec or total % per_exec:
         raise UsageError(f"{spe} steps per epoch and {total} steps at {replicas} replicas must be multiples of "
                          f"steps_per_execution = {per_exec} (the host sees the device only between executions)")
-    plan = Plan(job.per_replica_batch_size, job.scaled_learning_rate(replicas), spe, total, replicas, pipeline, facts)
+    plan = Plan(job.per_replica_batch_size, spe, total, replicas, pipeline, facts)
     # before the model is built (ResNet-50 takes a while): files-mode sharding needs a shard per input pipeline
     data_mod.check_sharding(job, plan.global_batch, backend.num_workers)
     return plan
@@ -296,14 +313,13 @@ def build(ctx: RunContext) -> Built:
         inner = streamed.build_model(job, input_shape, num_classes) if pipeline else \
             models_mod.build_model(job, input_shape, num_classes)
         compiled = compiled_mod.from_model(tf, job, inner)  # None unless the model function compiled it
-        run = ctx if compiled is None else compiled_mod.context(ctx, compiled)
-        job = run.job  # the compiled loss and metrics, if any
-        if usercode.refs(job) or job.loss != DEFAULT_LOSS or job.loss_per_output:  # do they fit together?
+        recipe = compiled_mod.recipe(job, compiled, ctx.opts.lr_replicas or plan.replicas)
+        if usercode.refs(job) or recipe.loss != DEFAULT_LOSS or recipe.loss_per_output:  # do they fit together?
             labels = pipeline["labels"] if pipeline else plan.data.labels(job)
-            outputs.check(job, inner, labels, num_classes)
-        optimizer = build_optimizer(job, run.plan.learning_rate, compiled)
+            outputs.check(job, inner, labels, num_classes, recipe)
+        optimizer = build_optimizer(job, recipe.learning_rate, compiled)
         if job.mode == "fit":
-            model = loops.fit_model(job, backend, inner, optimizer)
+            model = loops.fit_model(job, recipe, backend, inner, optimizer)
         else:
             model = inner
             if job.mixed_precision:
@@ -313,7 +329,7 @@ def build(ctx: RunContext) -> Built:
             keras3.create_slots(optimizer, model)
         else:
             getattr(optimizer, "inner_optimizer", optimizer)._create_all_weights(model.trainable_variables)
-    return Built(model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer), run, compiled)
+    return Built(model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer), recipe, compiled)
 
 
 def own_checkpoint_dir(ctx: RunContext) -> Path:
@@ -333,6 +349,10 @@ def find_resume(ctx: RunContext, built: Built) -> Resume:
     if meta is None:
         return Resume(0, {}, source, own_dir)
     reason = rel.check_resume(meta, job.job_hash, job.name, plan.replicas, source)
+    lr, had = built.recipe.learning_rate, meta.get("learning_rate")
+    if not reason and had is not None and had != lr:  # --lr-replicas is no part of the hash the check compares
+        reason = (f"the checkpoint in {source} trained at learning rate {had:g} and this run would train at {lr:g} "
+                  "(another --lr-replicas?): run it as it was started, or from step 0")
     if reason:
         raise UsageError(reason)
     backend.restore(built.checkpoint, str(source / "ckpt"), built.model, built.optimizer)
@@ -394,7 +414,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         job_hash=job.job_hash,
         job=job.to_dict(),
         global_batch_size=plan.global_batch,
-        learning_rate=(built.run or ctx).plan.learning_rate,
+        learning_rate=built.recipe.learning_rate,
         steps=plan.total_steps,
         steps_per_epoch=plan.steps_per_epoch,
         step_losses=gathered.step_losses,
@@ -439,6 +459,7 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         time_to_target_s=None if resume.start_step else evaluate.time_to_target(
             gathered.evaluations, job.target_metric, job.target_value),
         compiled=built.compiled.record() if built.compiled is not None else None,
+        recipe=built.recipe.record(),
     )
 
 
@@ -452,7 +473,8 @@ def publish(record: res.RunRecord, opts: RunOptions, resume: Resume, trace: obse
               f"{st['p95'] * 1e3:.1f} ms); final loss {record.step_losses[-1]:.5f}", flush=True)
     # Results, not progress: printed under --quiet too, for the parsers that read Horovod's benchmark output.
     print("\n".join(observe.summary_lines(record.to_dict())), flush=True)
-    line = evaluate.summary_line(record.evaluations, job_from_dict(record.job), record.time_to_target_s)
+    metrics = (record.recipe or {}).get("metrics")  # the recipe's: a compiled model's, or the job's
+    line = evaluate.summary_line(record.evaluations, job_from_dict(record.job), record.time_to_target_s, metrics)
     if line:
         print(line, flush=True)
     # After the headline, which marks the end of training for a clock outside the process (bench.clock): the
@@ -484,6 +506,7 @@ def write_checkpoint(ctx: RunContext, ckpt: Any, final: Path, hooks: StepHooks, 
             "job_hash": job.job_hash, "job_name": job.name, "backend": backend.name, "world_size": ctx.plan.replicas,
             "step": hooks.stopped_at, "step_losses": gathered.step_losses,
             "per_rank_step_losses": gathered.per_rank_losses, "initial_weights_digest": gathered.init_digest,
+            "learning_rate": ctx.trained_by.learning_rate,  # the recipe's: a resume must train at the same
             "evaluations": gathered.evaluations,
             "signal": hooks.preemption.signalled, "created": res.now_iso(),
         }
