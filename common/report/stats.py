@@ -82,6 +82,21 @@ def ratio_interval(num: Sequence[float], den: Sequence[float]) -> tuple[float, f
     return float(lo), float(hi)
 
 
+def difference_interval(num: Sequence[float], den: Sequence[float]) -> tuple[float, float] | None:
+    """Bootstrap 95% percentile interval of median(num) - median(den) (independent samples, resampled as
+    ``ratio_interval``'s), None unless both have at least 6 values: a breakdown phase's difference between backends."""
+    if len(num) < MIN_CI_RUNS or len(den) < MIN_CI_RUNS:
+        return None
+    import numpy as np
+
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    ma = np.median(a[rng.integers(0, len(a), (BOOTSTRAP_RESAMPLES, len(a)))], axis=1)
+    mb = np.median(b[rng.integers(0, len(b), (BOOTSTRAP_RESAMPLES, len(b)))], axis=1)
+    lo, hi = np.percentile(ma - mb, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def paired_ratio_interval(num: Sequence[float], den: Sequence[float]) -> tuple[float, float] | None:
     """Bootstrap 95% percentile interval of median(num) / median(den) where ``num[i]`` and ``den[i]`` ran in the
     same round on the same nodes: each resample draws whole rounds, so what a round's nodes and hour did to both
