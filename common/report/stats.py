@@ -112,6 +112,41 @@ def paired_ratio_interval(num: Sequence[float], den: Sequence[float]) -> tuple[f
     return float(lo), float(hi)
 
 
+MIN_PAIRED_ROUNDS = 3  # rounds a paired t interval needs: 2 give one degree of freedom (t = 12.7), no verdict
+
+
+def paired_t_interval(num: Sequence[float], den: Sequence[float], alpha: float = 0.05) -> tuple[float, float] | None:
+    """The 1 - ``alpha`` interval of the ratio num/den from rounds where ``num[i]`` and ``den[i]`` ran back to back
+    (the demo's rounds): the Student t interval of the mean of the per-round log ratios, exponentiated, i.e. of
+    their geometric mean. Whatever the machine did to a round (load, thermal drift) hits both runs of its pair and
+    cancels in the ratio; the t interval is exact for normal log ratios, with any number of rounds from
+    ``MIN_PAIRED_ROUNDS`` (bench/verdict_design.py measures its coverage on a real demo's spread). None under 3."""
+    if len(num) != len(den) or len(num) < MIN_PAIRED_ROUNDS:
+        return None
+    import numpy as np
+    from scipy.stats import t
+
+    d = np.log(np.asarray(num, dtype=float)) - np.log(np.asarray(den, dtype=float))
+    half = float(t.ppf(1 - alpha / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+    return float(np.exp(d.mean() - half)), float(np.exp(d.mean() + half))
+
+
+def welch_ratio_interval(num: Sequence[float], den: Sequence[float], alpha: float = 0.05
+                         ) -> tuple[float, float] | None:
+    """The 1 - ``alpha`` interval of the ratio of the two cells' geometric means: Welch's t interval of the
+    difference of their mean log images/s (``scipy.stats.ttest_ind(..., equal_var=False)``), exponentiated. The
+    runs are taken as independent, which a shared machine's drift makes conservative (it moves both cells of a round
+    alike). None unless both have at least ``MIN_PAIRED_ROUNDS`` values."""
+    if len(num) < MIN_PAIRED_ROUNDS or len(den) < MIN_PAIRED_ROUNDS:
+        return None
+    import numpy as np
+    from scipy.stats import ttest_ind
+
+    ci = ttest_ind(np.log(np.asarray(num, dtype=float)), np.log(np.asarray(den, dtype=float)),
+                   equal_var=False).confidence_interval(1 - alpha)
+    return float(np.exp(ci.low)), float(np.exp(ci.high))
+
+
 def median(values: Iterable[float | None]) -> float | None:
     """Median of the values that are not None; None when there are none."""
     vals = [float(v) for v in values if v is not None]
