@@ -10,6 +10,11 @@
   ``MIN_CI_RUNS`` repeats: the two samples are independent, each is resampled with replacement on its own
   (``BOOTSTRAP_RESAMPLES`` times, numpy Generator seeded ``BOOTSTRAP_SEED``, so the report is reproducible), and
   the interval is the 2.5% and 97.5% percentiles of median(numerator*) / median(denominator*).
+- When both backends ran in rounds on the same nodes (``paired_t_interval``), the ratio's interval is paired: the
+  Student t 95% interval of the mean of the per-round log ratios, exponentiated (the geometric mean of the round
+  ratios), from ``MIN_PAIRED_ROUNDS`` (3) rounds. What a round's machine state did to both runs of its pair cancels.
+  On the demo's real spread it gives the unpaired design's verdict from half the rounds at 95% coverage
+  (bench/verdict_design.py; docs/measurement.md).
 """
 
 from __future__ import annotations
@@ -94,21 +99,6 @@ def difference_interval(num: Sequence[float], den: Sequence[float]) -> tuple[flo
     ma = np.median(a[rng.integers(0, len(a), (BOOTSTRAP_RESAMPLES, len(a)))], axis=1)
     mb = np.median(b[rng.integers(0, len(b), (BOOTSTRAP_RESAMPLES, len(b)))], axis=1)
     lo, hi = np.percentile(ma - mb, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def paired_ratio_interval(num: Sequence[float], den: Sequence[float]) -> tuple[float, float] | None:
-    """Bootstrap 95% percentile interval of median(num) / median(den) where ``num[i]`` and ``den[i]`` ran in the
-    same round on the same nodes: each resample draws whole rounds, so what a round's nodes and hour did to both
-    backends stays inside the pair and cancels in the ratio instead of widening it. None under 6 pairs."""
-    if len(num) != len(den) or len(num) < MIN_CI_RUNS:
-        return None
-    import numpy as np
-
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    rounds = rng.integers(0, len(a), (BOOTSTRAP_RESAMPLES, len(a)))  # one draw of rounds serves both sides
-    lo, hi = np.percentile(np.median(a[rounds], axis=1) / np.median(b[rounds], axis=1), [2.5, 97.5])
     return float(lo), float(hi)
 
 
