@@ -234,7 +234,7 @@ def ratio_table(summary: JobSummary) -> Table:
     """registry.RATIO per world size (and layout)."""
     header: tuple[str, ...] = (
         "replicas", "layout", f"{RATIO_DEN} images/s", f"{RATIO_NUM} images/s",
-        f"{RATIO_NUM}/{RATIO_DEN} [bootstrap 95% CI]", f"workers ({RATIO_DEN} / {RATIO_NUM})",
+        f"{RATIO_NUM}/{RATIO_DEN} [95% CI]", f"workers ({RATIO_DEN} / {RATIO_NUM})",
         f"collective ({RATIO_DEN} / {RATIO_NUM})", "like for like")
     body = [[str(q.world_size), q.layout or NA, fmt_num(q.den_ips, ".1f"), fmt_num(q.num_ips, ".1f"),
              ratio_text(q.ratio, q.ratio_ci),
@@ -455,8 +455,8 @@ METHOD = (
     "the same nodes (a sweep's rounds: the records' Slurm nodelist and run directory; the demo's: its hosts and the "
     "file name's -r<k>), the interval is paired instead: the Student t 95% interval of the mean of the per-round "
     f"log ratios, exponentiated, from {MIN_PAIRED_ROUNDS} rounds, so a round's nodes and hour, which hit both alike, "
-    "cancel in the ratio rather than widen its interval (the verdict says \"paired\" and gives the geometric mean of "
-    "the round ratios as the lead);",
+    "cancel in the ratio rather than widen its interval (the ratio shown is then the geometric mean of the round "
+    "ratios, the interval's centre, and the verdict says \"paired\");",
     "speedup and efficiency are against the same backend's absolute 1-replica (1-GPU or 1-process) median, "
     "stated under each scaling table; rows are kept apart by layout (nodes x ranks per node, from each run's "
     "hosts): 1x8 and 2x4 are different rows and points;",

@@ -13,6 +13,7 @@ Memory: the TensorFlow allocator's peak on the rank's GPU when a rank recorded o
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import Counter
@@ -560,6 +561,8 @@ def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow
     paired = same == "every round"  # the paired interval needs 3 rounds, the unpaired one 6 runs a cell
     if paired:
         ci = paired_t_interval([a for a, _ in pairs], [b for _, b in pairs])
+        if ci is not None:  # the paired interval's centre: the geometric mean of the round ratios, not the medians'
+            ratio = math.sqrt(ci[0] * ci[1])
     else:
         ci = ratio_interval(n.throughput.ips, d.throughput.ips) if d and n else None
     for r in (d, n):

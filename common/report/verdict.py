@@ -19,7 +19,6 @@ and, in a line of its own before the layouts', runs on CPUs only do not carry to
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -86,8 +85,6 @@ def speed(q: RatioRow, d: Row, n: Row) -> str:
     """Which backend is faster and by how much, with the interval, or why it cannot say."""
     r = q.ratio
     assert r is not None  # both rows exist
-    if q.paired and q.ratio_ci is not None:  # the paired interval's centre: the geometric mean of the round ratios
-        r = math.sqrt(q.ratio_ci[0] * q.ratio_ci[1])
     fast, slow, by = (RATIO_NUM, RATIO_DEN, r) if r >= 1 else (RATIO_DEN, RATIO_NUM, 1 / r)
     if q.ratio_ci is None:
         needs = f"needs {MIN_PAIRED_ROUNDS} paired rounds" if q.paired else NEEDS_RUNS
