@@ -2,10 +2,11 @@
 # The main job: a local CPU comparison of both backends at 1 and 2 workers on jobs/demo.toml (a small CNN, custom loop),
 # then the report, whose verdict lines end the output.
 # Each run's full output goes to $OUT/logs/; on failure its tail is shown.
-# The benchmark runs go in REPEATS paired rounds (default 3): each round runs every cell once, both backends of a size
+# The benchmark runs go in REPEATS paired rounds (default 4): each round runs every cell once, both backends of a size
 # back to back, and names each run's file ...-r<k>.json, so the report pairs a round's two runs (same hosts) and gives
-# the verdict the paired t interval of the per-round ratios: on this machine's spread, 3 such rounds reach the verdict
-# 6 unpaired rounds reached, at 95% coverage, in half the benchmark time (bench/verdict_design.py, docs/measurement.md).
+# the verdict the paired t interval of the per-round ratios (95%, from 3 rounds): on this machine's spread 4 such
+# rounds reach a verdict at least as often as the former 6 unpaired rounds, in 2/3 of their time
+# (bench/verdict_design.py; docs/measurement.md).
 # UNTIL=5% (or 0.05): after the REPEATS rounds, add one interleaved round of every cell at a time until every cell's
 # 95% interval of its median is within 5% of it (python -m common.report DIR --until 5%: never before 6 repeats, as a
 # 95% interval needs 6), or MAX_REPEATS (default 12) rounds have run; the last line says which (docs/measurement.md).
@@ -17,7 +18,7 @@ JOB=${JOB:-jobs/demo.toml}
 OUT=${OUT:-demo-results}
 MODE=${MODE:-}  # fit or ctl for every run; empty: the job's own mode (the breakdown splits ctl jobs only)
 STEPS=${STEPS:-200}  # the job file's 12 steps test correctness; 200 (10 untimed) give the timing something to average
-REPEATS=${REPEATS:-3}  # paired rounds: 3 give the verdict its 95% interval; 6 also each cell's own 95% CI
+REPEATS=${REPEATS:-4}  # paired rounds: 3 give the verdict a 95% interval, 4 decide more often; 6 also each cell a CI
 UNTIL=${UNTIL:-}  # e.g. 5%: add rounds until every cell's interval is within 5% of its median (empty: REPEATS only)
 export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/$VENV/bin:$PATH"
 for v in REPEATS STEPS; do
