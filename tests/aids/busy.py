@@ -12,6 +12,7 @@ the machine's capacity in the window (wall seconds x logical CPUs).
 
 Undercounts, never overcounts: a process that starts and ends between two samples, and the last interval of one
 that ends, are not seen; so a share above the line is at least that busy. No psutil (not installed here): /proc.
+A sample costs about 3.5 ms of CPU with 100 processes (the test's own: under 1% of a 2-core machine at 4 a second).
 """
 
 from __future__ import annotations
