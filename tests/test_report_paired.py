@@ -149,3 +149,15 @@ def test_the_paired_interval_is_narrower_with_a_node_effect_and_covers_without()
     for got in (strong, three, none):
         assert got["paired"][0] >= 0.92, got
     assert strong["unpaired"][0] >= 0.9
+
+
+def test_a_round_with_one_side_missing_is_left_out_not_the_pairing(tmp_path: Path) -> None:
+    # a failed horovod run in round 6: rounds 1-5 still pair; the verdict says what it left out
+    d = sweep_set(tmp_path / "failed")
+    (victim,) = (d / "horovod-1x2-r6").glob("*.json")
+    victim.unlink()
+    s, q = _ratio(d)
+    assert q.same_nodes == "every round" and q.paired and q.pairs == 5
+    assert 1.0 < q.ratio_ci[0] <= TRUE_RATIO <= q.ratio_ci[1]
+    assert job_verdicts(s)[0].text.endswith("(5 rounds, paired: every round on the same nodes, t interval of the "
+                                            "per-round ratios; 1 run without its pair left out)")

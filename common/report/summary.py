@@ -213,6 +213,7 @@ class RatioRow:
     # nodes (None: no run recorded its nodes)
     paired: bool = False  # every round of both on the same nodes: ratio_ci (from 3 rounds) is the paired t interval
     # of the per-round ratios (stats.paired_t_interval)
+    pairs: int = 0  # the paired rounds (both backends ran them on the same nodes): the paired interval's sample
     den_row: Row | None = None  # the rows the ratio pairs (None: that side did not run here)
     num_row: Row | None = None
 
@@ -538,7 +539,8 @@ def _pair_machine(d: Row | None, n: Row | None, several: bool) -> str:
 
 def _pairing(d: Row, n: Row) -> tuple[str | None, list[tuple[float, float]]]:
     """Whether both rows' runs of each round ran on the same nodes ("every round", "some rounds", "no"; None when no
-    run recorded its nodes), and the (numerator, denominator) throughput of every round that did."""
+    run recorded its nodes), and the (numerator, denominator) throughput of every round that did. A round only one
+    side has (its other run failed) pairs nothing and spoils nothing."""
     def by_round(r: Row) -> dict[str, tuple[float, str | None]]:
         return {k: (ips, nodes) for ips, (k, nodes) in zip(r.throughput.ips, r.facts.rounds) if k is not None}
 
@@ -546,9 +548,9 @@ def _pairing(d: Row, n: Row) -> tuple[str | None, list[tuple[float, float]]]:
     if not any(k for k, _ in both) or not any(nodes for _, nodes in both):
         return None, []
     den, num = by_round(d), by_round(n)
-    pairs = [(num[k][0], den[k][0]) for k in sorted(den.keys() & num.keys(), key=int)
-             if den[k][1] and den[k][1] == num[k][1]]
-    rounds = len(d.throughput.ips) == len(n.throughput.ips) == len(den) == len(num) == len(pairs)
+    common = sorted(den.keys() & num.keys(), key=int)
+    pairs = [(num[k][0], den[k][0]) for k in common if den[k][1] and den[k][1] == num[k][1]]
+    rounds = len(d.throughput.ips) == len(den) and len(n.throughput.ips) == len(num) and len(common) == len(pairs)
     return ("every round" if rounds and pairs else "some rounds" if pairs else "no"), pairs
 
 
@@ -574,6 +576,7 @@ def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow
                     layout=" / ".join(dict.fromkeys(r.identity.layout for r in (d, n) if r is not None)),
                     den_collective=d.facts.collective if d else None, num_collective=n.facts.collective if n else None,
                     caveat=collectives_caveat(d, n) if d and n else None, same_nodes=same, paired=paired,
+                    pairs=len(pairs) if paired else 0,
                     den_row=d, num_row=n)
 
 

@@ -76,7 +76,10 @@ def _runs(d: Row, n: Row, q: RatioRow | None = None) -> str:
     """The design behind the line: how many runs, and which interval."""
     a, b = d.throughput.repeats, n.throughput.repeats
     if q is not None and q.paired:
-        return f"{plural(a, 'round')}, paired: every round on the same nodes, t interval of the per-round ratios"
+        left = a + b - 2 * q.pairs  # runs of a round the other backend has not (a failed run)
+        out = (f"{plural(q.pairs, 'round')}, paired: every round on the same nodes, t interval of the per-round "
+               "ratios")
+        return out + (f"; {plural(left, 'run')} without its pair left out" if left else "")
     runs = f"{a} runs each" if a == b else f"{a} {RATIO_DEN} and {b} {RATIO_NUM} runs"
     return runs + ", bootstrap interval of the ratio of medians" if q is not None and q.ratio_ci else runs
 
