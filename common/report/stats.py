@@ -13,7 +13,7 @@
 - When both backends ran in rounds on the same nodes (``paired_t_interval``), the ratio's interval is paired: the
   Student t 95% interval of the mean of the per-round log ratios, exponentiated (the geometric mean of the round
   ratios), from ``MIN_PAIRED_ROUNDS`` (3) rounds. What a round's machine state did to both runs of its pair cancels.
-  On the demo's real spread it gives the unpaired design's verdict from half the rounds at 95% coverage
+  On the demo's real spread 4 paired rounds decide at least as often as 6 unpaired runs a cell, at 95% coverage
   (bench/verdict_design.py; docs/measurement.md).
 """
 
