@@ -2,6 +2,11 @@
 # The main job: a local CPU comparison of both backends at 1 and 2 workers on jobs/demo.toml (a small CNN, custom loop),
 # then the report, whose verdict lines end the output.
 # Each run's full output goes to $OUT/logs/; on failure its tail is shown.
+# The benchmark runs go in REPEATS paired rounds (default 4): each round runs every cell once, both backends of a size
+# back to back, and names each run's file ...-r<k>.json, so the report pairs a round's two runs (same hosts) and gives
+# the verdict the paired t interval of the per-round ratios (95%, from 3 rounds): on this machine's spread 4 such
+# rounds reach a verdict at least as often as the former 6 unpaired rounds, in 2/3 of their time
+# (bench/verdict_design.py; docs/measurement.md).
 # UNTIL=5% (or 0.05): after the REPEATS rounds, add one interleaved round of every cell at a time until every cell's
 # 95% interval of its median is within 5% of it (python -m common.report DIR --until 5%: never before 6 repeats, as a
 # 95% interval needs 6), or MAX_REPEATS (default 12) rounds have run; the last line says which (docs/measurement.md).
@@ -13,7 +18,7 @@ JOB=${JOB:-jobs/demo.toml}
 OUT=${OUT:-demo-results}
 MODE=${MODE:-}  # fit or ctl for every run; empty: the job's own mode (the breakdown splits ctl jobs only)
 STEPS=${STEPS:-200}  # the job file's 12 steps test correctness; 200 (10 untimed) give the timing something to average
-REPEATS=${REPEATS:-6}  # runs per backend x world size: 6 give each cell a 95% CI and the verdict (2-5: a range only)
+REPEATS=${REPEATS:-4}  # paired rounds: 3 give the verdict a 95% interval, 4 decide more often; 6 also each cell a CI
 UNTIL=${UNTIL:-}  # e.g. 5%: add rounds until every cell's interval is within 5% of its median (empty: REPEATS only)
 export TF_USE_LEGACY_KERAS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$PWD/$VENV/bin:$PATH"
 for v in REPEATS STEPS; do
@@ -75,7 +80,13 @@ run() {
   local t0=$SECONDS
   "$@" > "$OUT/logs/$name.log" 2>&1 || rc=$?
   if ((rc == 0)); then
-    echo "ok ($((SECONDS - t0)) s)  $(grep -ho 'results: .*' "$OUT/logs/$name.log" | tail -1)"
+    local said; said=$(grep -ho 'results: .*' "$OUT/logs/$name.log" | tail -1 || true)
+    local file=${said#results: }
+    if [[ -n ${ROUND_TAG:-} && $file == *.json && -f $file ]]; then
+      # the round in the file name (the report pairs a round's runs by it): ...-r<k>.json
+      mv "$file" "${file%.json}$ROUND_TAG.json"; said="results: ${file%.json}$ROUND_TAG.json"
+    fi
+    echo "ok ($((SECONDS - t0)) s)  $said"
   elif [[ $kind == diag ]] && ((rc == 2)); then  # the diagnostic refuses this job (one line): not a failure
     local why; why=$(grep -v '^\s*$' "$OUT/logs/$name.log" | tail -1)
     echo "skipped: ${why#*error: }"; SKIPPED+=("$name: ${why#*error: }")
@@ -84,20 +95,21 @@ run() {
   fi
 }
 COMMON=(--job "$JOB" ${SET_MODE[@]+"${SET_MODE[@]}"} --set steps="$STEPS" --set timing_warmup_steps=10 --results "$OUT")
-echo "twinbench demo: $JOB, mode $RUN_MODE$([[ -n $MODE ]] && echo " (MODE=$MODE)" || echo " (the job's)"), $STEPS steps, $REPEATS repeat(s)${UNTIL:+ then more until within $WITHIN (at most $MAX_REPEATS)}, results in $OUT/ (one run at a time: concurrent runs would measure each other)"
+echo "twinbench demo: $JOB, mode $RUN_MODE$([[ -n $MODE ]] && echo " (MODE=$MODE)" || echo " (the job's)"), $STEPS steps, $REPEATS paired round(s)${UNTIL:+ then more until within $WITHIN (at most $MAX_REPEATS)}, results in $OUT/ (one run at a time: concurrent runs would measure each other)"
 echo "$LAUNCH_LINES"
 # One cell = one backend at one world size, started by the backend's own local launcher (python -m backends).
 cell() {
   local backend=$1 n=$2 tag=$3 cmd
   mapfile -t cmd < <($PY -m backends command "$backend" "$n" "${COMMON[@]}")
-  run "$backend-$n$tag" bench "${cmd[@]}"
+  ROUND_TAG=$tag run "$backend-$n$tag" bench "${cmd[@]}"
 }
 mapfile -t BACKENDS < <($PY -m backends names)
 CELLS=()
 for n in 1 2; do for b in "${BACKENDS[@]}"; do CELLS+=("$b $n"); done; done
-# Repeats give the report its intervals (min-max; a 95% CI from 6 repeats); cells are interleaved, in reverse order
-# every other repeat, so that a drift of the machine (another job, thermal) hits both backends alike instead of one
-# backend's block of runs.
+# Rounds give the report its intervals: the verdict's paired interval from 3 rounds (a round's two runs of a size run
+# back to back, so what the machine did to that round, another job or thermal drift, hits both and cancels in their
+# ratio); each cell's own 95% CI from 6. Cells are interleaved, in reverse order every other round, so that a drift
+# within a round also hits both backends alike instead of one backend's block of runs.
 one_round() {
   local r=$1 i j b n tag=""
   if ((REPEATS > 1)) || [[ -n $UNTIL ]]; then tag="-r$r"; fi

@@ -46,6 +46,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group("own" if item.path.name in OWN_WORKER_FILES else "shared"))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):  # noqa: ANN201 (a hook wrapper's generator)
+    """Every test marked ``timing``: how much of the machine OTHER processes took while it ran (tests/aids/busy.py).
+    A failure while they took more than ``busy.BUSY_SHARE`` fails with that figure first, then the test's own
+    message. It fails rather than skips: a skip is green in `make test` and CI, so a real regression that happens to
+    meet a busy machine would pass unseen; a red line saying "the machine was busy ... rerun alone" tells the reader
+    what to do and hides nothing. A pass stays a pass (the figures held despite the load)."""
+    if item.get_closest_marker("timing") is None:
+        return (yield)
+    from tests.aids import busy
+
+    emu = getattr(item, "funcargs", {}).get("emu")  # the emulated cluster's nodes: their processes are the test's
+    inodes = sorted(Path(emu.dir, "ns").glob("*.inode")) if emu is not None else []
+    watch = busy.Watch(namespaces=frozenset(int(p.read_text()) for p in inodes)).start()
+    try:
+        result = yield
+    except Exception as e:  # an assertion or a timeout; pytest's skip and fail outcomes are BaseExceptions
+        other = watch.stop()
+        item.user_properties.append(("other_cpu_share", round(other, 3)))
+        if other > busy.BUSY_SHARE:
+            pytest.fail(f"{busy.busy_message(other)}\nthe test's own failure: {type(e).__name__}: {e}")
+        raise
+    other = watch.stop()
+    item.user_properties.append(("other_cpu_share", round(other, 3)))
+    return result
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """With ``TWINBENCH_TEST_PROC_LOG`` (bench/suite_processes.py), this pytest process's own CPU too: what the
     in-process tests cost beside the processes they start."""

@@ -114,9 +114,7 @@ def test_report_shows_the_bar_and_names_the_largest_difference(tmp_path):
     rep = build_report(tmp_path, tmp_path / "out", warn=lambda m: None)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Step-time breakdown" in md and "DIAGNOSTIC" in md
-    assert ("At 2 replicas horovod spends 0.80 ms less per step in gradient communication than native "
-            "(1.90 vs 2.70 ms)") in md
-    assert "compute, input" in md or "input, compute" in md  # named as the same
+    assert "At 2 replicas horovod vs native: one run: no comparison" in md  # one run each (tests/test_report_model.py)
     # the native 2-replica row: sum 4.5 ms, benchmark 4.0 ms (ratio 1.12), comm 2.7 ms / allreduce 2.0 ms at 8 KiB
     section = md.split("## Step-time breakdown")[1]
     row = next(ln for ln in section.splitlines() if ln.startswith("| native | 2 |"))

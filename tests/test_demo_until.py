@@ -74,3 +74,19 @@ def test_demo_refuses_bad_until_settings(tmp_path: Path, settings: dict[str, str
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert ("UNTIL" if "MAX_REPEATS" not in settings else "MAX_REPEATS") in proc.stderr
     assert not (tmp_path / "demo").exists() and proc.stdout == ""
+
+
+def test_default_demo_runs_four_paired_rounds_and_its_verdict_says_so(tmp_path: Path) -> None:
+    proc, out = fake_demo(tmp_path)  # REPEATS unset: the default design
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "4 paired round(s)" in proc.stdout.splitlines()[0]
+    forward = [f"{b} {n}" for n in (1, 2) for b in ("native", "horovod")]
+    assert (out / "order.txt").read_text().splitlines() == (forward + forward[::-1]) * 2
+    # every benchmark run's file names its round, as the log line says
+    names = sorted(p.name for p in out.glob("*.json"))
+    assert len(names) == 16 and all(n.endswith(tuple(f"-r{k}.json" for k in range(1, 5))) for n in names), names
+    assert all(f"{p.parent}/{p.name}" in proc.stdout for p in out.glob("*.json"))
+    # the report pairs each round's runs (same hosts) and the verdict names the design
+    verdicts = [ln for ln in proc.stdout.splitlines() if ln.startswith(("  1 node x ", "  2 nodes x "))]
+    assert len(verdicts) == 2 and all("(4 rounds, paired: every round on the same nodes, t interval of the "
+                                      "per-round ratios)" in v for v in verdicts), verdicts

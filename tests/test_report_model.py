@@ -128,3 +128,52 @@ def test_a_measured_step_above_the_no_overlap_bound_is_flagged(tmp_path: Path) -
     assert len(flagged) == 1 and "2 replicas: 33.20 ms measured vs 18.10 ms" in flagged[0]  # native only
     assert "misses a cost" in flagged[0] and "optimistic" in flagged[0]
     assert md.index("### Model: native") < md.index(flagged[0]) < md.index("### Model: horovod")
+
+
+# -- the breakdown's comparison: a phase difference only with repeats and an interval that excludes zero ----------
+def _breakdowns(backend: str, comm_ms: list[float], compute_ms: list[float]) -> list[Any]:
+    from common.core.results import BreakdownRecord
+
+    out = []
+    for k, (comm, compute) in enumerate(zip(comm_ms, compute_ms)):
+        phases = {"input": 0.2e-3, "compute": compute * 1e-3, "comm": comm * 1e-3, "apply": 0.1e-3, "rest": 0.5e-3}
+        out.append(BreakdownRecord(
+            backend=backend, world_size=2, num_workers=2, job_hash="h", job={"name": "j"}, steps=100,
+            timed_steps=90, warmup_steps=10, phases=phases, step_time=sum(phases.values()),
+            host_step_time=sum(phases.values()), run_id=f"{backend}{k}"))
+    return out
+
+
+def test_one_breakdown_run_compares_nothing() -> None:
+    from common.report.model import difference_sentence
+
+    # the case: one run each, 75 ms apart in compute on a loaded machine
+    h, n = _breakdowns("horovod", [5.0], [207.87]), _breakdowns("native", [5.0], [283.51])
+    text = difference_sentence(h, n)
+    assert text.startswith("at 2 replicas horovod vs native: one run: no comparison"), text
+    assert "spends" not in text and "less" not in text
+    text = difference_sentence(h * 3, n * 3)
+    assert text.startswith("at 2 replicas horovod vs native: 3 runs each: no comparison"), text
+    assert "one run of horovod, 6 of native" in difference_sentence(h, n * 6)
+    assert "spends" not in difference_sentence(h, n * 6)
+
+
+def test_repeated_breakdowns_state_only_the_phase_whose_interval_excludes_zero() -> None:
+    from common.report.model import difference_sentence
+
+    # comm: horovod 1.9 ms against native 2.7 ms in every run (a real difference); compute: the same spread on both
+    noise = [100.0, 130.0, 95.0, 120.0, 105.0, 140.0]
+    h = _breakdowns("horovod", [1.9, 1.95, 1.85, 1.9, 2.0, 1.88], noise)
+    n = _breakdowns("native", [2.7, 2.75, 2.65, 2.72, 2.8, 2.68], noise[::-1])
+    text = difference_sentence(h, n)
+    assert text.startswith("at 2 replicas horovod spends 0.81 ms less per step than native in gradient "
+                           "communication (1.90 vs 2.71 ms, difference ["), text
+    assert "no significant difference in input, compute, the optimizer update, the rest" in text
+    assert "6 runs each" in text
+    lo, hi = (float(x) for x in re.search(r"difference \[([-+.\d]+), ([-+.\d]+)\] ms", text).groups())
+    assert lo < hi < 0
+    # the same compute spread alone: no phase differs, whatever the medians say
+    same = difference_sentence(_breakdowns("horovod", [2.0] * 6, noise), _breakdowns("native", [2.0] * 6,
+                                                                                      [x + 8 for x in noise]))
+    assert same.startswith("at 2 replicas no phase differs significantly between horovod and native (6 runs each"), \
+        same

@@ -197,3 +197,36 @@ def test_report_html_renders_in_headless_chromium(tmp_path: Path) -> None:
     srcs = re.findall(r"<img [^>]*src=\"([^\"]*)\"", dom.stdout)
     assert len(srcs) == 2 and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert "twinbench scaling report" in dom.stdout and dom.stdout.count("<table>") >= 4
+
+
+def test_paired_t_interval_by_hand() -> None:
+    import math
+
+    from common.report.stats import paired_t_interval
+
+    num, den = [110.0, 88.0, 121.0], [100.0, 80.0, 110.0]  # every round 10% faster, whatever the round's load
+    lo, hi = paired_t_interval(num, den)
+    assert lo == pytest.approx(1.1) and hi == pytest.approx(1.1)  # no spread in the ratios: a point
+    num = [110.0, 96.0, 121.0, 105.0]  # ratios 1.10, 1.20, 1.10, 1.05 against den = 100, 80, 110, 100
+    d = [math.log(a / b) for a, b in zip(num, [100.0, 80.0, 110.0, 100.0])]
+    m, sd = sum(d) / 4, (sum((x - sum(d) / 4) ** 2 for x in d) / 3) ** 0.5
+    t3 = 3.182446305284263  # Student t 0.975 quantile, 3 degrees of freedom
+    lo, hi = paired_t_interval(num, [100.0, 80.0, 110.0, 100.0])
+    assert (lo, hi) == pytest.approx((math.exp(m - t3 * sd / 2), math.exp(m + t3 * sd / 2)))
+    assert paired_t_interval(num[:2], [100.0, 80.0]) is None  # 2 rounds: one degree of freedom, no interval
+    assert paired_t_interval(num, [1.0] * 3) is None  # unequal lengths are not rounds
+
+
+def test_welch_and_difference_intervals() -> None:
+    from common.report.stats import difference_interval, welch_ratio_interval
+
+    lo, hi = welch_ratio_interval([110.0, 112.0, 108.0], [100.0, 101.0, 99.0])
+    assert 1.0 < lo < 1.099 < hi < 1.2  # the geometric means' ratio 1.099, inside
+    assert welch_ratio_interval([1.0, 2.0], [1.0, 2.0, 3.0]) is None
+    # the difference of medians: 6 a side needed; a real 1.0 difference excludes zero, noise alone does not
+    a, b = [3.0, 3.1, 2.9, 3.05, 2.95, 3.0], [2.0, 2.1, 1.9, 2.05, 1.95, 2.0]
+    lo, hi = difference_interval(a, b)
+    assert 0.8 < lo <= 1.0 <= hi < 1.2
+    lo, hi = difference_interval(a, [x + 0.02 for x in a[::-1]])
+    assert lo < 0 < hi
+    assert difference_interval(a[:5], b) is None

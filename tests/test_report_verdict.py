@@ -28,7 +28,7 @@ def test_faster_backend_with_interval_and_runs() -> None:
     (v,) = job_verdicts(s)
     assert v.layout == "1 node x 2 ranks"
     assert v.text.startswith("1 node x 2 ranks: native is 12% faster than horovod [")
-    assert v.text.endswith("(6 runs each)")
+    assert v.text.endswith("(6 runs each, bootstrap interval of the ratio of medians)")
     lo, hi = (float(x.rstrip("%")) for x in v.text.split("[")[1].split("]")[0].split(", "))
     assert 8 < lo < 12 < hi < 16  # the bootstrap interval of the lead around 12%
 
@@ -228,3 +228,19 @@ def test_fit_input_wait_is_shown_as_an_upper_bound_or_said_not_measured() -> Non
     (s,) = summarize(cell("native", 2, 100.0, job=ctl, input=fetch) + cell("horovod", 2, 100.2, job=ctl, input=None))
     (v,) = job_verdicts(s)
     assert v.text.endswith("Caveats: native highly input-bound"), v.text  # ctl without a figure: no fit claim
+
+
+def test_the_demos_paired_rounds_give_the_verdict_from_three() -> None:
+    """scripts/demo.sh's rounds (its files end -r<k>; both backends on this machine's hosts): paired from 3 rounds,
+    the t interval's centre (the geometric mean of the round ratios) as the lead, the design named."""
+    from common.core.results import RunRecord
+    from common.report.load import LoadedRun
+
+    drift = [1.0, 0.8, 1.1]  # the machine's load in each round, shared by its pair
+    runs = [LoadedRun(RunRecord.from_dict(make_run(b, 2, base * f * (1 + 0.002 * k), run_id=f"{b}-{k}",
+                                                   hosts=["box"] * 2, input=KEPT_UP)), f"/d/{b}-{k}-r{k}.json")
+            for k, f in enumerate(drift, 1) for b, base in (("native", 112.0), ("horovod", 100.0))]
+    (s,) = summarize(runs)
+    (v,) = job_verdicts(s)
+    assert v.text.startswith("1 node x 2 ranks: native is 12% faster than horovod ["), v.text
+    assert v.text.endswith("(3 rounds, paired: every round on the same nodes, t interval of the per-round ratios)")

@@ -17,7 +17,7 @@ from typing import Any
 from common.report.base import IMAGES, NA, NO_INTERVAL, SAMPLES, fmt_num, fmt_value, in_unit, md_escape
 from common.report.load import versions_by_key
 from common.report.machines import binding_mix, distinct, format_machines, short_command, shorten_paths
-from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, NEEDS_RUNS, num
+from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, MIN_PAIRED_ROUNDS, NEEDS_RUNS, num
 from common.report.summary import (
     ENERGY_SCOPE,
     RATIO_DEN,
@@ -234,7 +234,7 @@ def ratio_table(summary: JobSummary) -> Table:
     """registry.RATIO per world size (and layout)."""
     header: tuple[str, ...] = (
         "replicas", "layout", f"{RATIO_DEN} images/s", f"{RATIO_NUM} images/s",
-        f"{RATIO_NUM}/{RATIO_DEN} [bootstrap 95% CI]", f"workers ({RATIO_DEN} / {RATIO_NUM})",
+        f"{RATIO_NUM}/{RATIO_DEN} [95% CI]", f"workers ({RATIO_DEN} / {RATIO_NUM})",
         f"collective ({RATIO_DEN} / {RATIO_NUM})", "like for like")
     body = [[str(q.world_size), q.layout or NA, fmt_num(q.den_ips, ".1f"), fmt_num(q.num_ips, ".1f"),
              ratio_text(q.ratio, q.ratio_ci),
@@ -451,11 +451,12 @@ METHOD = (
     f"interval); a single repeat has none (\"{NO_INTERVAL}\");",
     f"{RATIO_NUM}/{RATIO_DEN} = ratio of the medians, with a bootstrap 95% percentile interval when both cells have "
     f"at least {MIN_CI_RUNS} repeats ({BOOTSTRAP_RESAMPLES:,} independent resamples of each cell, numpy "
-    f"Generator seed {BOOTSTRAP_SEED}, reproducible), else \"{NEEDS_RUNS}\"; when both backends ran every round of a "
-    "sweep on the same nodes (the records' Slurm nodelist, the run directory's round), the interval is paired "
-    "instead: each resample draws whole rounds, both backends' runs of a round together, so a round's nodes and "
-    "hour, which hit both alike, cancel in the ratio rather than widen its interval (the verdict says \"paired\"; "
-    "a bootstrap over rounds keeps the estimate, the ratio of the medians, that the unpaired interval has);",
+    f"Generator seed {BOOTSTRAP_SEED}, reproducible), else \"{NEEDS_RUNS}\"; when both backends ran every round on "
+    "the same nodes (a sweep's rounds: the records' Slurm nodelist and run directory; the demo's: its hosts and the "
+    "file name's -r<k>), the interval is paired instead: the Student t 95% interval of the mean of the per-round "
+    f"log ratios, exponentiated, from {MIN_PAIRED_ROUNDS} rounds, so a round's nodes and hour, which hit both alike, "
+    "cancel in the ratio rather than widen its interval (the ratio shown is then the geometric mean of the round "
+    "ratios, the interval's centre, and the verdict says \"paired\");",
     "speedup and efficiency are against the same backend's absolute 1-replica (1-GPU or 1-process) median, "
     "stated under each scaling table; rows are kept apart by layout (nodes x ranks per node, from each run's "
     "hosts): 1x8 and 2x4 are different rows and points;",

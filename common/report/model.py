@@ -17,7 +17,7 @@ from common.report.base import NA, fmt_num
 from common.report.document import Block, Box, Bullets, Heading, Images, Para, table
 from common.report.load import LoadedRun
 from common.report.machines import distinct
-from common.report.stats import median, num
+from common.report.stats import MIN_CI_RUNS, difference_interval, median, num
 from common.report.summary import JobSummary, order_backends
 
 
@@ -156,12 +156,17 @@ BREAKDOWN_METHOD = (
 
 @dataclass(frozen=True)
 class BreakdownCell:
-    """The newest breakdown of one backend x world size, with what it is cross-checked against."""
+    """The breakdowns of one backend x world size (newest last), with what they are cross-checked against."""
 
-    rec: BreakdownRecord
+    rec: BreakdownRecord  # the newest: the table's row and the plot's bar
     bench_step: float | None  # median over repeats of the normal runs' step_time mean (same job, backend, size)
     bench_repeats: int
     allreduce: float | None  # the allreduce microbenchmark's median time at the record's gradient bytes
+    runs: tuple[BreakdownRecord, ...] = ()  # every breakdown of the cell, oldest first (the comparison's repeats)
+
+    @property
+    def repeats(self) -> tuple[BreakdownRecord, ...]:
+        return self.runs or (self.rec,)
 
 
 def allreduce_time_at(rows: Sequence[Mapping[str, Any]], nbytes: float) -> float | None:
@@ -177,38 +182,62 @@ def allreduce_time_at(rows: Sequence[Mapping[str, Any]], nbytes: float) -> float
 
 def breakdown_cells(records: Sequence[BreakdownRecord], runs: Sequence[LoadedRun],
                     benches: Sequence[AllreduceRecord]) -> dict[str, list[BreakdownCell]]:
-    """Job hash -> the newest breakdown per backend x world size (world size, then registry order)."""
-    newest: dict[tuple[str, str, int], BreakdownRecord] = {}
-    for r in records:  # oldest first: the newest wins
-        newest[(r.job_hash, r.backend, r.world_size)] = r
+    """Job hash -> the breakdowns per backend x world size (world size, then registry order), newest shown."""
+    every: dict[tuple[str, str, int], list[BreakdownRecord]] = {}
+    for r in records:  # oldest first: the newest is last
+        every.setdefault((r.job_hash, r.backend, r.world_size), []).append(r)
     out: dict[str, list[BreakdownCell]] = {}
-    for (h, backend, n), rec in newest.items():
+    for (h, backend, n), recs in every.items():
+        rec = recs[-1]
         steps = [num(r.step_time.get("mean")) for r in (x.record for x in runs)
                  if r.job_hash == h and r.backend == backend and r.world_size == n and r.asynchronous is not True]
         bench = next((b for b in reversed(benches) if b.backend == backend and b.world_size == n), None)
         at = allreduce_time_at(bench.rows, rec.gradient_bytes) if bench and rec.gradient_bytes else None
-        out.setdefault(h, []).append(BreakdownCell(rec, median(steps), len(steps), at))
+        out.setdefault(h, []).append(BreakdownCell(rec, median(steps), len(steps), at, tuple(recs)))
     for cells in out.values():
         order = order_backends(c.rec.backend for c in cells)
         cells.sort(key=lambda c: (c.rec.world_size, order.index(c.rec.backend)))
     return out
 
 
-def difference_sentence(a: BreakdownRecord, b: BreakdownRecord) -> str:
-    """The largest per-phase difference between two backends' breakdowns at one world size, in one sentence."""
-    diff = {p: a.phases[p] - b.phases[p] for p in BREAKDOWN_PHASES}
-    big = max(BREAKDOWN_PHASES, key=lambda p: abs(diff[p]))
-    d = diff[big]
-    text = (f"at {a.world_size} replica{'s' if a.world_size != 1 else ''} {a.backend} spends {abs(d) * 1e3:.2f} ms "
-            f"{'less' if d < 0 else 'more'} per step in {PHASE_WORDS[big]} than {b.backend} "
-            f"({a.phases[big] * 1e3:.2f} vs {b.phases[big] * 1e3:.2f} ms)")
-    others = [p for p in BREAKDOWN_PHASES if p != big]
-    nxt = max(others, key=lambda p: abs(diff[p]))
-    same = [PHASE_WORDS[p].split(" (")[0] for p in others
-            if abs(diff[p]) <= max(0.05 * max(a.phases[p], b.phases[p]), 1e-5)]  # within 5% (or 10 us)
-    tail = f"; {', '.join(same)} {'is' if len(same) == 1 else 'are'} the same (within 5%)" if same else ""
-    return (f"{text}; next largest: {PHASE_WORDS[nxt].split(' (')[0]} ({diff[nxt] * 1e3:+.2f} ms){tail}; step "
-            f"{a.step_time * 1e3:.2f} vs {b.step_time * 1e3:.2f} ms.")
+def _runs_words(a: int, b: int, a_name: str, b_name: str) -> str:
+    """"one run", "3 runs each", "one run of horovod, 6 of native"."""
+    if a == b:
+        return "one run" if a == 1 else f"{a} runs each"
+    return f"{'one run' if a == 1 else f'{a} runs'} of {a_name}, {b} of {b_name}"
+
+
+def difference_sentence(a_runs: Sequence[BreakdownRecord], b_runs: Sequence[BreakdownRecord]) -> str:
+    """What the breakdowns of two backends at one world size say about their phases, in one sentence. A difference
+    is stated only when measured: with ``MIN_CI_RUNS`` runs a side, a phase whose bootstrap 95% interval of the
+    difference of medians (``stats.difference_interval``) excludes zero; a single run of a side compares nothing
+    (run-to-run spread on a shared machine is tens of ms: one pair of runs cannot tell it from a backend's cost)."""
+    a, b = a_runs[-1], b_runs[-1]
+    where = f"at {a.world_size} replica{'s' if a.world_size != 1 else ''}"
+    runs = _runs_words(len(a_runs), len(b_runs), a.backend, b.backend)
+    if len(a_runs) < MIN_CI_RUNS or len(b_runs) < MIN_CI_RUNS:
+        return (f"{where} {a.backend} vs {b.backend}: {runs}: no comparison (a phase difference is stated with "
+                f"{MIN_CI_RUNS} breakdown runs per backend and a 95% interval that excludes zero; the table shows "
+                "the newest run).")
+    med = {p: (median(r.phases[p] for r in a_runs) or 0.0, median(r.phases[p] for r in b_runs) or 0.0)
+           for p in BREAKDOWN_PHASES}
+    ci = {p: difference_interval([r.phases[p] for r in a_runs], [r.phases[p] for r in b_runs])
+          for p in BREAKDOWN_PHASES}
+    found = sorted((p for p in BREAKDOWN_PHASES if (c := ci[p]) and (c[0] > 0 or c[1] < 0)),
+                   key=lambda p: -abs(med[p][0] - med[p][1]))
+    same = [PHASE_WORDS[p].split(" (")[0] for p in BREAKDOWN_PHASES if p not in found]
+    tail = f"; no significant difference in {', '.join(same)}" if same and found else ""
+    if not found:
+        return (f"{where} no phase differs significantly between {a.backend} and {b.backend} ({runs}; every phase's "
+                "95% interval of the difference of medians contains zero).")
+    parts = []
+    for i, p in enumerate(found):
+        d, (lo, hi) = med[p][0] - med[p][1], ci[p] or (0.0, 0.0)  # found: every one has its interval
+        parts.append(f"{abs(d) * 1e3:.2f} ms {'less' if d < 0 else 'more'}"
+                     f"{f' per step than {b.backend}' if i == 0 else ''} in {PHASE_WORDS[p]} ({med[p][0] * 1e3:.2f} "
+                     f"vs {med[p][1] * 1e3:.2f} ms, difference [{lo * 1e3:+.2f}, {hi * 1e3:+.2f}] ms)")
+    return (f"{where} {a.backend} spends {'; '.join(parts)}{tail} ({runs}: medians, bootstrap 95% intervals of the "
+            "difference).")
 
 
 def breakdown_part(cells: Sequence[BreakdownCell], image: str | None = None) -> list[Block]:
@@ -235,9 +264,9 @@ def breakdown_part(cells: Sequence[BreakdownCell], image: str | None = None) -> 
              "gradient bytes (log-log interpolated between its sizes; n/a outside them or without a benchmark at "
              "that world size); a step's gradients are several tensors, the benchmark's one.")]
     num_b, den_b = registry.RATIO
-    by_n: dict[int, dict[str, BreakdownRecord]] = {}
+    by_n: dict[int, dict[str, tuple[BreakdownRecord, ...]]] = {}
     for c in cells:
-        by_n.setdefault(c.rec.world_size, {})[c.rec.backend] = c.rec
+        by_n.setdefault(c.rec.world_size, {})[c.rec.backend] = c.repeats
     sentences = [difference_sentence(v[num_b], v[den_b]) for _, v in sorted(by_n.items())
                  if num_b in v and den_b in v]
     if sentences:

@@ -13,6 +13,7 @@ Memory: the TensorFlow allocator's peak on the rank's GPU when a rank recorded o
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import Counter
@@ -43,7 +44,7 @@ from common.report.stats import (
     median,
     median_interval,
     num,
-    paired_ratio_interval,
+    paired_t_interval,
     ratio_interval,
 )
 
@@ -113,8 +114,8 @@ class RunFacts:
     files: list[str]  # the repeats' results files
     same_batches: int = 0  # repeats whose ranks all got the same first batches (an input function not sharding)
     nccl: list[Any] = field(default_factory=list)  # the repeats' ``nccl_transport`` lists (GPU runs; else None)
-    # per repeat (in ``Throughput.ips`` order): its sweep round (the run directory's -r<k>) and the nodes its job step
-    # ran on (``RunRecord.nodelist``); None where not recorded (runs outside a sweep, outside Slurm)
+    # per repeat (in ``Throughput.ips`` order): its round (a sweep's run directory -r<k>, the demo's file name -r<k>)
+    # and the nodes it ran on (``RunRecord.nodelist`` under Slurm, else its hosts); None where not recorded
     rounds: list[tuple[str | None, str | None]] = field(default_factory=list)
 
 
@@ -210,8 +211,9 @@ class RatioRow:
     caveat: str | None = None  # why the ratio is not like for like (collectives_caveat), None when it is
     same_nodes: str | None = None  # "every round", "some rounds", "no": both backends' runs of a round on the same
     # nodes (None: no run recorded its nodes)
-    paired: bool = False  # every round of both on the same nodes: ratio_ci (from 6 rounds) is the paired bootstrap
-    # over rounds (stats.paired_ratio_interval)
+    paired: bool = False  # every round of both on the same nodes: ratio_ci (from 3 rounds) is the paired t interval
+    # of the per-round ratios (stats.paired_t_interval)
+    pairs: int = 0  # the paired rounds (both backends ran them on the same nodes): the paired interval's sample
     den_row: Row | None = None  # the rows the ratio pairs (None: that side did not run here)
     num_row: Row | None = None
 
@@ -305,7 +307,7 @@ def _make_row(label: str, key: MachineKey, runs: list[LoadedRun]) -> Row:
         facts=RunFacts(gbs.most_common(1)[0][0] if gbs else None, median(_final_loss(r) for r in recs),
                        ", ".join(used) if used else None, [r.path or "?" for r in runs],
                        sum(same_first_batches(r) for r in recs), [r.nccl_transport for r in recs],
-                       [(_round_of(r.path), r.record.nodelist) for r in runs]),
+                       [(_round_of(r.path), r.record.nodelist or _hosts_of(r.record)) for r in runs]),
         input=_input_wait(recs),
         validation=row_validation(recs),
         resources=row_resources(recs, gpu),
@@ -323,9 +325,17 @@ def _step_times(runs: list[RunRecord]) -> StepTimes:
 
 
 def _round_of(path: str | None) -> str | None:
-    """A sweep run's round, from its run directory (``<variant>-<layout>-r<k>``, common.sweep); None elsewhere."""
-    m = re.search(r"-r(\d+)$", Path(path).parent.name) if path else None
+    """A run's round: a sweep's, from its run directory (``<variant>-<layout>-r<k>``, common.sweep), the demo's from
+    its file name (``...-<run id>-r<k>.json``, scripts/demo.sh; a run id ends in hex digits, never ``-r<k>``); None
+    elsewhere."""
+    m = re.search(r"-r(\d+)$", Path(path).parent.name) or re.search(r"-r(\d+)$", Path(path).stem) if path else None
     return m.group(1) if m else None
+
+
+def _hosts_of(run: RunRecord) -> str | None:
+    """The hosts a run's ranks ran on, as a set ("host:a,b"), for runs outside Slurm (no nodelist); None if unknown."""
+    hosts = run.hosts if isinstance(run.hosts, list) else []
+    return "host:" + ",".join(sorted({str(h) for h in hosts})) if hosts else None
 
 
 def same_first_batches(run: RunRecord) -> bool:
@@ -529,27 +539,32 @@ def _pair_machine(d: Row | None, n: Row | None, several: bool) -> str:
 
 def _pairing(d: Row, n: Row) -> tuple[str | None, list[tuple[float, float]]]:
     """Whether both rows' runs of each round ran on the same nodes ("every round", "some rounds", "no"; None when no
-    run recorded its nodes), and the (numerator, denominator) throughput of every round that did."""
+    run recorded its nodes), and the (numerator, denominator) throughput of every round that did. A round only one
+    side has (its other run failed) pairs nothing and spoils nothing."""
     def by_round(r: Row) -> dict[str, tuple[float, str | None]]:
         return {k: (ips, nodes) for ips, (k, nodes) in zip(r.throughput.ips, r.facts.rounds) if k is not None}
 
-    if not any(nodes for _, nodes in d.facts.rounds + n.facts.rounds):
+    both = d.facts.rounds + n.facts.rounds
+    if not any(k for k, _ in both) or not any(nodes for _, nodes in both):
         return None, []
     den, num = by_round(d), by_round(n)
-    pairs = [(num[k][0], den[k][0]) for k in sorted(den.keys() & num.keys(), key=int)
-             if den[k][1] and den[k][1] == num[k][1]]
-    rounds = len(d.throughput.ips) == len(n.throughput.ips) == len(den) == len(num) == len(pairs)
+    common = sorted(den.keys() & num.keys(), key=int)
+    pairs = [(num[k][0], den[k][0]) for k in common if den[k][1] and den[k][1] == num[k][1]]
+    rounds = len(d.throughput.ips) == len(den) and len(n.throughput.ips) == len(num) and len(common) == len(pairs)
     return ("every round" if rounds and pairs else "some rounds" if pairs else "no"), pairs
 
 
 def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow:
     """The ratio at one world size of a pair of rows, set on both rows too. Runs in rounds on the same nodes give
-    the paired interval (every round paired, at least 6), others the two cells' independent resamples."""
+    the paired t interval (every round paired, at least 3), others the two cells' independent resamples (6 runs a
+    cell)."""
     ratio = n.throughput.median / d.throughput.median if d and n else None
     same, pairs = _pairing(d, n) if d and n else (None, [])
-    paired = same == "every round"  # the interval needs 6 rounds, as the unpaired one needs 6 runs a cell
+    paired = same == "every round"  # the paired interval needs 3 rounds, the unpaired one 6 runs a cell
     if paired:
-        ci = paired_ratio_interval([a for a, _ in pairs], [b for _, b in pairs])
+        ci = paired_t_interval([a for a, _ in pairs], [b for _, b in pairs])
+        if ci is not None:  # the paired interval's centre: the geometric mean of the round ratios, not the medians'
+            ratio = math.sqrt(ci[0] * ci[1])
     else:
         ci = ratio_interval(n.throughput.ips, d.throughput.ips) if d and n else None
     for r in (d, n):
@@ -561,6 +576,7 @@ def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow
                     layout=" / ".join(dict.fromkeys(r.identity.layout for r in (d, n) if r is not None)),
                     den_collective=d.facts.collective if d else None, num_collective=n.facts.collective if n else None,
                     caveat=collectives_caveat(d, n) if d and n else None, same_nodes=same, paired=paired,
+                    pairs=len(pairs) if paired else 0,
                     den_row=d, num_row=n)
 
 

@@ -1,14 +1,16 @@
 """The verdict: per job and layout (nodes x ranks per node), in one line of plain words, which backend is faster and
-by how much, with the bootstrap 95% interval of the throughput ratio (common.report.stats.ratio_interval), the
+by how much, with the 95% interval of the throughput ratio (paired rounds: common.report.stats.paired_t_interval;
+else the bootstrap of the ratio of medians, common.report.stats.ratio_interval), the
 caveats that apply, and beside speed what else was measured: peak memory per rank, GPU energy per image, time to
 target; and best vs best, when a job has tuning variants (``RunRecord.tuning.variant``): each backend's fastest
 variant per world size next to its default, and the backend ratio of the fastest variants beside the ratio of the
 defaults. Only rows of a backend's default way of training take part (``Row.comparable``: default strategy,
 synchronous); the fastest is the highest median images/s, a pick that favours a lucky variant when repeats are few.
 
-The rule: with 6 or more runs per cell, an interval containing 1 is "no significant difference", otherwise the
-faster backend and its lead with the interval; with fewer runs the line says it needs 6 runs per cell and gives the
-medians' lead as what it is, not a verdict.
+The rule: with an interval (3 paired rounds, or 6 runs per cell unpaired), an interval containing 1 is "no
+significant difference", otherwise the faster backend and its lead with the interval; with fewer runs the line says
+what it needs and gives the medians' lead as what it is, not a verdict. The line ends with the design behind it (the
+runs or rounds and which interval).
 
 What a line cannot tell is said with it: a backend slower at this size than at the next smaller one (beyond the
 interval) makes the comparison one of contention, not scaling; Keras fit's input figure is an upper bound (or absent);
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from common.cluster import nccl
 from common.report.base import NA, in_unit, md_escape, plain
 from common.report.machines import binding_mix
-from common.report.stats import MIN_CI_RUNS, NEEDS_RUNS, ratio_interval
+from common.report.stats import MIN_CI_RUNS, MIN_PAIRED_ROUNDS, NEEDS_RUNS, ratio_interval
 from common.report.summary import (
     RATIO_DEN,
     RATIO_NUM,
@@ -71,10 +73,15 @@ def lead(x: float) -> str:
 
 
 def _runs(d: Row, n: Row, q: RatioRow | None = None) -> str:
+    """The design behind the line: how many runs, and which interval."""
     a, b = d.throughput.repeats, n.throughput.repeats
     if q is not None and q.paired:
-        return f"{a} runs each, paired: every round on the same nodes"
-    return f"{a} runs each" if a == b else f"{a} {RATIO_DEN} and {b} {RATIO_NUM} runs"
+        left = a + b - 2 * q.pairs  # runs of a round the other backend has not (a failed run)
+        out = (f"{plural(q.pairs, 'round')}, paired: every round on the same nodes, t interval of the per-round "
+               "ratios")
+        return out + (f"; {plural(left, 'run')} without its pair left out" if left else "")
+    runs = f"{a} runs each" if a == b else f"{a} {RATIO_DEN} and {b} {RATIO_NUM} runs"
+    return runs + ", bootstrap interval of the ratio of medians" if q is not None and q.ratio_ci else runs
 
 
 def speed(q: RatioRow, d: Row, n: Row) -> str:
@@ -83,7 +90,8 @@ def speed(q: RatioRow, d: Row, n: Row) -> str:
     assert r is not None  # both rows exist
     fast, slow, by = (RATIO_NUM, RATIO_DEN, r) if r >= 1 else (RATIO_DEN, RATIO_NUM, 1 / r)
     if q.ratio_ci is None:
-        return (f"{NEEDS_RUNS} to say ({_runs(d, n, q)}; by the medians alone {fast} is {lead(by)} faster than "
+        needs = f"needs {MIN_PAIRED_ROUNDS} paired rounds" if q.paired else NEEDS_RUNS
+        return (f"{needs} to say ({_runs(d, n, q)}; by the medians alone {fast} is {lead(by)} faster than "
                 f"{slow}, not a verdict)")
     lo, hi = q.ratio_ci
     if lo <= 1 <= hi:
@@ -293,10 +301,12 @@ def verdict_lines(summaries: Sequence[JobSummary]) -> list[str]:
     return out
 
 
-VERDICT_NOTE = (f"Faster = higher median images/s; the interval is the bootstrap 95% interval of the "
-                f"{RATIO_NUM}/{RATIO_DEN} ratio of medians (both cells resampled), shown as each side's lead; an "
-                "interval containing 1 is no significant difference; fewer than "
-                f"{MIN_CI_RUNS} runs in a cell give no interval, so no verdict. Peak memory per rank: the largest "
+VERDICT_NOTE = (f"Faster = higher images/s. When both backends ran in rounds on the same nodes (the demo's rounds, a "
+                f"sweep's with one allocation), the interval is paired: the 95% t interval of the geometric mean of "
+                f"the per-round {RATIO_NUM}/{RATIO_DEN} ratios, from {MIN_PAIRED_ROUNDS} rounds; otherwise the "
+                f"bootstrap 95% interval of the ratio of medians (both cells resampled), from {MIN_CI_RUNS} runs a "
+                "cell. Shown as each side's lead; an interval containing 1 is no significant difference; fewer runs "
+                "give no interval, so no verdict. Peak memory per rank: the largest "
                 "rank's, GPU (TensorFlow allocator peak) when recorded, else host RSS; median over repeats.")
 
 
