@@ -166,7 +166,8 @@ def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path, example
     TFRecord files) and examples/keras3_job.toml (mypkg's arrays, a Keras 3 model, the user's AdamW and cosine
     schedule, the custom loop). examples/my_job.toml would add nothing (its code loads by the same pythonpath; its
     loss: tests/test_usercode_parity.py), nor Keras 3 under horovodrun (tests/test_keras3.py). The streamed example's
-    only fit runs at 2 workers (tests/test_inputfn.py checks it in the custom loop)."""
+    only fit runs at 2 workers (tests/test_inputfn.py checks it in the custom loop); the Keras 3 example's only
+    native = Horovod comparison (tests/test_keras3.py checks it on native)."""
     extra = {"stream_job": _stream_job_args, "keras3_job": lambda _: ["--set", "steps=16"]}[example](tmp_path)
     got = {}
     # (srun's own flags, the backend's flags): native takes its ports from --port-base, Horovod its PMIx from srun
