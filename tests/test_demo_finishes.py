@@ -31,6 +31,9 @@ def test_a_failed_run_is_named_and_the_report_of_the_others_still_written(tmp_pa
         in proc.stdout
     md = (out / "report" / "report.md").read_text()
     assert "| horovod | 2 |" in md and "| native | 2 |" not in md  # the runs that finished, and only those
+    # two rounds give each cell its range, labelled (the proof tests/test_demo.py's real demo made at REPEATS=2)
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("| native | 1 |", "| horovod |"))]
+    assert len(rows) == 3 and all("| 2 |" in r and "min-max (n=2)" in r for r in rows), rows
     assert len((out / "order.txt").read_text().splitlines()) == 2 * 3  # every other cell still ran, twice
 
 

@@ -224,6 +224,8 @@ def test_example_with_a_loss_per_output_same_losses_on_both_backends(example, mo
 
 
 def test_example_fit_equals_the_custom_loop_at_2_workers(example):
+    """Also the proof, for an input function streaming examples/streampkg's TFRecords, that tests/test_inputfn.py's
+    check of the streamed example (the custom loop only) leaves here."""
     for kind in ("native", "horovod"):
         fit, ctl = example["fit"][kind], example["ctl"][kind]
         assert first_divergence(fit["step_losses"], ctl["step_losses"], RTOL) is None, kind

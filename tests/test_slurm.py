@@ -165,7 +165,9 @@ def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path, example
     same losses and validation numbers: examples/stream_job.toml (an input function streaming each worker's own
     TFRecord files) and examples/keras3_job.toml (mypkg's arrays, a Keras 3 model, the user's AdamW and cosine
     schedule, the custom loop). examples/my_job.toml would add nothing (its code loads by the same pythonpath; its
-    loss: tests/test_usercode_parity.py), nor Keras 3 under horovodrun (tests/test_keras3.py)."""
+    loss: tests/test_usercode_parity.py), nor Keras 3 under horovodrun (tests/test_keras3.py). The streamed example's
+    only fit runs at 2 workers (tests/test_inputfn.py checks it in the custom loop); the Keras 3 example's only
+    native = Horovod comparison (tests/test_keras3.py checks it on native)."""
     extra = {"stream_job": _stream_job_args, "keras3_job": lambda _: ["--set", "steps=16"]}[example](tmp_path)
     got = {}
     # (srun's own flags, the backend's flags): native takes its ports from --port-base, Horovod its PMIx from srun
@@ -197,7 +199,8 @@ def test_srun_runs_the_users_own_job_on_both_backends(cluster, tmp_path, example
 def test_srun_runs_a_horovod_scripts_mwms_port(cluster, tmp_path):
     """A port's <stem>_mwms.py (common.port_mwms) as `srun -n 2 python FILE`: its strategy from
     SlurmClusterResolver (no TF_CONFIG here), so the two tasks are one cluster of 2 replicas, printed by the chief
-    alone. keras_benchmark: no checkpoint to write, its own small defaults."""
+    alone. keras_benchmark: no checkpoint to write, its own small defaults. Its only 2-worker run in the suite
+    (tests/test_port_mwms.py runs the ports that write a checkpoint)."""
     from common.port_mwms import write_mwms
 
     script = REPO / "tests" / "fixtures" / "horovod" / "keras_benchmark.py"
