@@ -281,8 +281,6 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
         if new_lr is not None:
             set_lr(new_lr)
         train_step()  # not waited for: the host reads the device only at a sync
-        if hooks.dispatched == 0:
-            backend.after_first_step(model, optimizer)
         if not hooks.step_ended(hooks.dispatched + 1):
             continue
         if hooks.sync(losses(hooks.synced, hooks.dispatched)):  # progress lines: StepHooks.sync
