@@ -6,12 +6,13 @@ line. Pure Python: no TensorFlow, no rank started."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from backends import __main__ as backends_main
-from backends import horovod
+from backends import horovod, native, native_cluster
 from backends import horovod_launch as hvd_launch
 from common import doctor, launches
 from common.core import registry
@@ -103,6 +104,25 @@ def test_ranks_are_read_from_the_launchers_variables_a_nested_launcher_first():
         launch.named("ssh", "slurm")
     with pytest.raises(ValueError, match="scopes"):
         Launcher("x", ("cloud",), "")
+
+
+@pytest.mark.parametrize("env, place", [
+    ({}, (0, 1)),  # one worker started by hand
+    ({"SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2"}, (1, 2)),  # a one-task srun step of a 2-per-node job
+    ({"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "3(x2)", "SLURM_NTASKS_PER_NODE": "4"}, (0, 3)),
+    # mpirun inside a Slurm batch step: the batch step's SLURM_LOCALID=0 is not this rank's place
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "SLURM_LOCALID": "0"}, (1, 2)),
+    ({"SLURM_LOCALID": "2"}, (2, 1)),  # a size nobody exported: 1
+])
+def test_native_workers_find_their_place_from_the_declared_launchers(monkeypatch, env, place):
+    """Where neither TF_CONFIG nor a multi-task Slurm step gives the layout, a native worker's place on its host is
+    what native's declared launchers export (``LAUNCH.local_place``), a nested launcher's first."""
+    for v in [v for v in os.environ if v.startswith(("SLURM_", "OMPI_", "TWINBENCH_LOCAL", "TF_CONFIG"))]:
+        monkeypatch.delenv(v)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert native.LAUNCH is native_cluster.LAUNCH
+    assert native_cluster.local_place() == place
 
 
 @pytest.mark.parametrize("name", registry.names())
