@@ -21,6 +21,7 @@ from common.core.registry import BackendEntry
 from common.sweep import allocation as sa
 from common.sweep import cli as sweep_cli
 from common.sweep import order as so
+from common.sweep import plan, slurm
 from common.sweep.layout import SweepError
 from tests import toy_backend
 from tests.conftest import REPO, SMOKE
@@ -86,6 +87,18 @@ def test_a_slurm_launcher_is_one_declaration(toy, monkeypatch, tmp_path):
         sa.check_options(a)
     with pytest.raises(SystemExit):
         sweep_cli.parser().parse_args([*args, "--toy-launch", "ssh"])
+
+
+def test_a_third_backend_is_planned_and_submitted_by_the_sweep(toy, tmp_path):
+    """The sweep reads each backend's sbatch script from the registry when it plans and submits, so a backend
+    registered after the sweep's modules were imported (the toy here) is swept like the others."""
+    a = sweep_cli.parser().parse_args(["submit", "--job", SMOKE, "--results", str(tmp_path / "sw"),
+                                       "--backends", "toy", "--sizes", "1,2"])
+    runs, header = plan.plan(a)
+    assert [(r["backend"], r["size"]) for r in runs] == [("toy", 1), ("toy", 2)]
+    cmd = slurm.sbatch_command(runs[0], header, tmp_path / "sw", None)
+    assert cmd[cmd.index(str(REPO / "jobs/slurm/native.sbatch")) + 1] == str(REPO / "jobs/smoke.toml")
+    assert not (tmp_path / "sw").exists()  # planned, nothing submitted or written
 
 
 def test_ranks_are_read_from_the_launchers_variables_a_nested_launcher_first():
