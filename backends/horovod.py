@@ -308,24 +308,8 @@ class HorovodBackend(Backend):
         return dataset_fn(self.rank, self.num_workers, 1)
 
     def fit_callbacks(self, warmup: Warmup | None) -> tuple[list[Any], bool]:
-        hvd, tf = self.hvd, self.tf
-        backend = self
-
-        class BroadcastOptimizerState(tf.keras.callbacks.Callback):
-            """Rank 0's optimizer state after the first step, as ``after_first_step`` does in the custom loop.
-
-            Not Horovod's BroadcastGlobalVariablesCallback: it would also copy rank 0's BatchNorm moving statistics
-            over the others' after step 1, which MWMS never does (the model itself was broadcast before step 1).
-            """
-
-            done = False
-
-            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-                if not self.done:
-                    backend.after_first_step(self.model, self.model.optimizer)
-                    self.done = True
-
-        cbs = [BroadcastOptimizerState(), hvd.callbacks.MetricAverageCallback()]
+        hvd = self.hvd
+        cbs = [hvd.callbacks.MetricAverageCallback()]
         if warmup is not None:
             # Horovod's own rule, in Horovod fit (twinbench re-implements it for native and the custom loop)
             cbs.append(hvd.callbacks.LearningRateWarmupCallback(
@@ -354,12 +338,13 @@ class HorovodBackend(Backend):
         htf = self.htf
         return [htf.allreduce(g, op=htf.Sum, compression=self.compression) for g in grads]
 
-    def before_training(self, model: Any) -> None:
-        # Same seed gives the same weights on every rank, but the chief's are the reference: make sure.
+    def before_training(self, model: Any, optimizer: Any) -> None:
+        # Same seed gives the same weights on every rank, but the chief's are the reference: make sure. The optimizer
+        # state too (slots and iteration counter: common.training.train.build created them before step 1, and a
+        # restore loaded them), so every rank's first step starts from rank 0's. Not Horovod's
+        # BroadcastGlobalVariablesCallback in fit: after step 1 it would also copy rank 0's BatchNorm moving
+        # statistics over the others', which MWMS never does.
         self.htf.broadcast_variables(keras3.tf_variables(model.variables), root_rank=0)
-
-    def after_first_step(self, model: Any, optimizer: Any) -> None:
-        # Optimizer slots exist only after the first apply_gradients.
         self.htf.broadcast_variables(keras3.optimizer_variables(optimizer), root_rank=0)
 
     def sync_model_state(self, model: Any) -> None:

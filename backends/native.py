@@ -46,8 +46,6 @@ from common.core.contract import (  # noqa: E402
     Collective,
     Diagnosis,
     Knob,
-    Launch,
-    Launcher,
     RankInfo,
     StackCheck,
     TrainLoop,
@@ -134,18 +132,8 @@ def doctor(tf_version: str | None) -> Diagnosis:
     return Diagnosis(True, "ok", {}, [])
 
 
-# How native's workers start, and what each reads to know its place on its host (backends/native_cluster.py reads
-# its rank from TF_CONFIG's task index or Slurm's layout; these variables where neither says it).
-LAUNCH = Launch((
-    Launcher("nproc", ("local",), "python -m backends.native --nproc N: N workers on loopback with a generated "
-             "TF_CONFIG", local_rank=("TWINBENCH_LOCAL_RANK",), local_size=("TWINBENCH_LOCAL_SIZE",)),
-    Launcher("tf_config", ("hosts",), "one process per worker with its own TF_CONFIG (cluster and task index), "
-             "started by hand, ssh or mpirun", local_rank=("OMPI_COMM_WORLD_LOCAL_RANK",),
-             local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",)),
-    Launcher("srun", ("slurm",), "srun: one job-step task per worker, the cluster from SlurmClusterResolver",
-             rank=("SLURM_PROCID",), local_rank=("SLURM_LOCALID",),
-             local_size=("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"), job_step=True),
-))
+# How native's workers start: backends/native_cluster.py, where its workers find their place.
+LAUNCH = native_cluster.LAUNCH
 
 
 def stack(shared_ok: bool) -> StackCheck:

@@ -19,8 +19,22 @@ from typing import Any, NoReturn
 
 from common.cli import env_int
 from common.cluster import localcluster, netif, slurm_layout
+from common.core.contract import Launch, Launcher
 from common.core.errors import EXIT_PEER_LOST, UsageError, exit_now
 from common.workload.job import Job
+
+# How native's workers start, and what each reads to know its place on its host (``local_place`` reads its place
+# from TF_CONFIG's layout or Slurm's first; these variables where neither says it).
+LAUNCH = Launch((
+    Launcher("nproc", ("local",), "python -m backends.native --nproc N: N workers on loopback with a generated "
+             "TF_CONFIG", local_rank=("TWINBENCH_LOCAL_RANK",), local_size=("TWINBENCH_LOCAL_SIZE",)),
+    Launcher("tf_config", ("hosts",), "one process per worker with its own TF_CONFIG (cluster and task index), "
+             "started by hand, ssh or mpirun", local_rank=("OMPI_COMM_WORLD_LOCAL_RANK",),
+             local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",)),
+    Launcher("srun", ("slurm",), "srun: one job-step task per worker, the cluster from SlurmClusterResolver",
+             rank=("SLURM_PROCID",), local_rank=("SLURM_LOCALID",),
+             local_size=("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"), job_step=True),
+))
 
 
 def check_tf_config() -> None:
@@ -68,11 +82,7 @@ def local_place() -> tuple[int, int]:
         hosts = []  # checked (and reported) by the preflight; fall back to the variables
     if 0 <= index < len(hosts):
         return hosts[:index].count(hosts[index]), hosts.count(hosts[index])
-    local_rank = env_int("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
-    # the step's own task count per node first: an srun step may use fewer tasks than the job
-    local_size = env_int("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                         default=1)
-    return local_rank, local_size
+    return LAUNCH.local_place(os.environ) or (0, 1)  # the launchers' own variables, a nested launcher's first
 
 
 def multi_task_slurm_step() -> bool:

@@ -6,12 +6,13 @@ line. Pure Python: no TensorFlow, no rank started."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from backends import __main__ as backends_main
-from backends import horovod
+from backends import horovod, native, native_cluster
 from backends import horovod_launch as hvd_launch
 from common import doctor, launches
 from common.core import registry
@@ -20,6 +21,7 @@ from common.core.registry import BackendEntry
 from common.sweep import allocation as sa
 from common.sweep import cli as sweep_cli
 from common.sweep import order as so
+from common.sweep import plan, slurm
 from common.sweep.layout import SweepError
 from tests import toy_backend
 from tests.conftest import REPO, SMOKE
@@ -87,6 +89,18 @@ def test_a_slurm_launcher_is_one_declaration(toy, monkeypatch, tmp_path):
         sweep_cli.parser().parse_args([*args, "--toy-launch", "ssh"])
 
 
+def test_a_third_backend_is_planned_and_submitted_by_the_sweep(toy, tmp_path):
+    """The sweep reads each backend's sbatch script from the registry when it plans and submits, so a backend
+    registered after the sweep's modules were imported (the toy here) is swept like the others."""
+    a = sweep_cli.parser().parse_args(["submit", "--job", SMOKE, "--results", str(tmp_path / "sw"),
+                                       "--backends", "toy", "--sizes", "1,2"])
+    runs, header = plan.plan(a)
+    assert [(r["backend"], r["size"]) for r in runs] == [("toy", 1), ("toy", 2)]
+    cmd = slurm.sbatch_command(runs[0], header, tmp_path / "sw", None)
+    assert cmd[cmd.index(str(REPO / "jobs/slurm/native.sbatch")) + 1] == str(REPO / "jobs/smoke.toml")
+    assert not (tmp_path / "sw").exists()  # planned, nothing submitted or written
+
+
 def test_ranks_are_read_from_the_launchers_variables_a_nested_launcher_first():
     launch = horovod.LAUNCH
     assert launch.rank_variables() == ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
@@ -103,6 +117,25 @@ def test_ranks_are_read_from_the_launchers_variables_a_nested_launcher_first():
         launch.named("ssh", "slurm")
     with pytest.raises(ValueError, match="scopes"):
         Launcher("x", ("cloud",), "")
+
+
+@pytest.mark.parametrize("env, place", [
+    ({}, (0, 1)),  # one worker started by hand
+    ({"SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2"}, (1, 2)),  # a one-task srun step of a 2-per-node job
+    ({"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "3(x2)", "SLURM_NTASKS_PER_NODE": "4"}, (0, 3)),
+    # mpirun inside a Slurm batch step: the batch step's SLURM_LOCALID=0 is not this rank's place
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "SLURM_LOCALID": "0"}, (1, 2)),
+    ({"SLURM_LOCALID": "2"}, (2, 1)),  # a size nobody exported: 1
+])
+def test_native_workers_find_their_place_from_the_declared_launchers(monkeypatch, env, place):
+    """Where neither TF_CONFIG nor a multi-task Slurm step gives the layout, a native worker's place on its host is
+    what native's declared launchers export (``LAUNCH.local_place``), a nested launcher's first."""
+    for v in [v for v in os.environ if v.startswith(("SLURM_", "OMPI_", "TWINBENCH_LOCAL", "TF_CONFIG"))]:
+        monkeypatch.delenv(v)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert native.LAUNCH is native_cluster.LAUNCH
+    assert native_cluster.local_place() == place
 
 
 @pytest.mark.parametrize("name", registry.names())

@@ -37,6 +37,30 @@ def test_fit_loss_is_the_same_loss_with_keras_reduction():
     assert float(objective.fit_loss(Job())(y, logits)) == pytest.approx(per.mean(), rel=1e-6)
 
 
+def test_fit_compiles_its_loss_from_the_objective_and_the_output_check_builds_none():
+    """fit's loss has one home: ``compile_loss`` gives ``compile`` the job's loss (a dict with every output's weight
+    for ``loss_per_output``, None for one user loss over a multi-output model's structures, which ``structure_loss``
+    gives fit's objective instead); common.training.outputs only checks."""
+    tf = pytest.importorskip("tensorflow")
+    from common.training import outputs
+
+    inp = tf.keras.Input((3,))
+    single = tf.keras.Model(inp, tf.keras.layers.Dense(2)(inp))
+    multi = tf.keras.Model(inp, {"a": tf.keras.layers.Dense(2)(inp), "b": tf.keras.layers.Dense(1)(inp)})
+    assert not objective.is_multi(single) and objective.is_multi(multi)
+    one = objective.compile_loss(Job(), single)
+    assert set(one) == {"loss"} and isinstance(one["loss"], tf.keras.losses.SparseCategoricalCrossentropy)
+    assert objective.structure_loss(Job(), single) is None
+    per = Job(loss_per_output={"a": "mse", "b": "mae"}, loss_weights={"a": 0.5})
+    both = objective.compile_loss(per, multi)
+    assert sorted(both["loss"]) == ["a", "b"] and both["loss_weights"] == {"a": 0.5, "b": 1.0}
+    assert objective.structure_loss(per, multi) is None  # compile has it, per output
+    user = Job(loss="operator:sub")  # any importable function: it is only resolved here, never called
+    assert objective.compile_loss(user, multi) == {"loss": None}
+    assert objective.structure_loss(user, multi).name == "sub"  # fit's objective applies it to the structures
+    assert not {"is_multi", "compile_loss", "structure_loss", "fit_loss"} & set(vars(outputs))
+
+
 @pytest.mark.parametrize("replicas", [2, 8])
 def test_warmup_goes_from_one_over_replicas_to_one(replicas):
     spe, warm, lr = 10, 3, 0.8

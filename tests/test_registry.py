@@ -40,7 +40,7 @@ def test_every_registered_backend_keeps_the_contract(name):
 
 
 def test_the_contract_fits_on_a_screen():
-    """What a backend author reads: the abstract members, then about a dozen with a default (Lifecycle's six hooks
+    """What a backend author reads: the abstract members, then about a dozen with a default (Lifecycle's five hooks
     among them) and the RankInfo shortcuts; nothing that only one backend means."""
     abstract = sorted(Backend.__abstractmethods__)
     assert abstract == ["_connect", "allgather", "allreduce_fn", "allsum", "capabilities", "make_dataset",
@@ -50,7 +50,7 @@ def test_the_contract_fits_on_a_screen():
     groups = [{"capabilities"}, {"describe"}, {"scope"}, {"make_dataset"},
               {"run_step", "reduce_gradients"}, {"fit_callbacks"}, {"train_loop"},
               {"allsum", "allgather", "allreduce_fn", "barrier"}, {"start_timeline", "stop_timeline"},
-              {"before_training", "after_first_step", "sync_model_state", "restore", "exit_barrier", "shutdown"}]
+              {"before_training", "sync_model_state", "restore", "exit_barrier", "shutdown"}]
     assert public - shortcuts == set().union(*groups) and len(groups) + 1 == 11  # + setup
     assert not public & {"wrap_tape", "phases", "wrap_optimizer",  # the one reduction replaced them
                          "uses_coordinator", "variant", "profiler_caveat", "input_path", "gradient_bytes", "knobs",

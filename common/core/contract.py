@@ -6,13 +6,12 @@ asks: collective, compression, controller, input path, variant, knobs...), ``des
 only displayed), ``scope``, ``make_dataset``, ``fit_callbacks``, the step (``run_step`` + ``reduce_gradients``: the
 one gradient reduction of Keras fit, the custom loop, Keras 3, the breakdown and parameter-server training,
 ``common.training.step``), the collectives (``allsum``, ``allgather``, ``allreduce_fn``, ``barrier``), the
-``Lifecycle`` hooks (``before_training``, ``after_first_step``, ``sync_model_state``, ``restore``,
-``exit_barrier``, ``shutdown``), ``train_loop`` (a loop of the backend's own, or None) and the timeline
-(``start_timeline``/``stop_timeline``). Eight are abstract, ``reduce_gradients`` among them: a backend that does not
-say how it reduces gradients cannot be constructed (TypeError naming it), where a default would train one
-independent model per rank. The others default to what a one-process backend without a collective library of its
-own would do. ``BackendSpec`` is the module-level half
-(``PROG``, ``Options``, ``parser``, ``make_backend``, ``local_command``, ``doctor``, ``main``, and what it knows
+``Lifecycle`` hooks (``before_training``, ``sync_model_state``, ``restore``, ``exit_barrier``, ``shutdown``),
+``train_loop`` (a loop of the backend's own, or None) and the timeline (``start_timeline``/``stop_timeline``).
+Eight are abstract, ``reduce_gradients`` among them: a backend that does not say how it reduces gradients cannot be
+constructed (TypeError naming it), where a default would train one independent model per rank. The others default
+to what a one-process backend without a collective library of its own would do. ``BackendSpec`` is the module-level
+half (``PROG``, ``Options``, ``parser``, ``make_backend``, ``local_command``, ``doctor``, ``main``, and what it knows
 without being built: ``LAUNCH``, its launchers, and ``stack``, its check of a stack as it is).
 
 Shared code reads ``Capabilities`` fields, never keys of ``describe()``, and never asks which backend it runs:
@@ -191,11 +190,9 @@ TrainLoop = Callable[..., None]  # (ctx: RunContext, model, optimizer, dataset, 
 class Lifecycle:
     """The contract's hooks with a default: one-time synchronisation and the end of a run (no-ops here)."""
 
-    def before_training(self, model: Any) -> None:
-        """Synchronise the freshly built model (before the first step)."""
-
-    def after_first_step(self, model: Any, optimizer: Any) -> None:
-        """One-time synchronisation that needs the optimizer's slots to exist."""
+    def before_training(self, model: Any, optimizer: Any) -> None:
+        """Synchronise the built (or restored) model and its optimizer's state, slots included (before the first
+        step: ``common.training.train.build`` creates the slots)."""
 
     def sync_model_state(self, model: Any) -> None:
         """Make non-trainable state (BatchNorm moving statistics) what MWMS reads: the mean over replicas.

@@ -35,6 +35,9 @@ class BackendEntry:
     summary: str  # one line for help texts and the doctor
     color: str  # plot colour in the report
     slurm_script: str  # sbatch script under jobs/slurm/
+    # How srun starts its ranks (one-allocation steps, the ReFrame check): here, not on its srun ``Launcher``, as
+    # the ReFrame check reads them in ReFrame's process, which imports this module (the standard library only) but
+    # no backend module (they import the project's packages, numpy first, which a centre's ReFrame need not have).
     srun_mpi: bool = False  # srun starts its ranks with --mpi=<plugin> (they wire up through PMI, not own ports)
     port_base: bool = False  # takes --port-base: its ranks listen on ports of their own, one block per Slurm job
 

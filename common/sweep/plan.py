@@ -25,7 +25,12 @@ from common.workload.job import JobError, load_job
 PROG = "common.sweep"  # the command, as its messages name it
 MANIFEST = "sweep-manifest.json"
 MANIFEST_KIND = "sweep"
-SCRIPTS = {b: Path(registry.entry(b).slurm_script) for b in registry.names()}
+
+
+def sbatch_script(backend: str) -> Path:
+    """``backend``'s sbatch script, relative to the repository: its registry line as it is now (read when used, so
+    a backend registered after this module was imported has one too)."""
+    return Path(registry.entry(backend).slurm_script)
 
 
 def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -62,8 +67,8 @@ def plan(a: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     if results.exists() and not results.is_dir():
         raise SweepError(f"--results {str(results)!r} is not a directory")
     for b in chosen:
-        if not (cli.REPO / SCRIPTS[b]).is_file():
-            raise SweepError(f"{cli.REPO / SCRIPTS[b]} is missing")
+        if not (cli.REPO / sbatch_script(b)).is_file():
+            raise SweepError(f"{cli.REPO / sbatch_script(b)} is missing")
     cells = _cells(lays, variants, nodes is not None, a)
     try:
         runs = so.ordered_runs(cells, a.repeats, a.order_seed)

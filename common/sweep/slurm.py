@@ -15,7 +15,7 @@ from typing import Any
 
 from common.core import results as res
 from common.sweep import allocation, nodes, resume
-from common.sweep.plan import MANIFEST, PROG, SCRIPTS, load_manifest
+from common.sweep.plan import MANIFEST, PROG, load_manifest, sbatch_script
 
 EXIT_FAILED, EXIT_PENDING = 1, 3
 SLURM_TIMEOUT = 30  # seconds for one sbatch / squeue / sacct / scontrol call
@@ -33,7 +33,7 @@ def sbatch_command(run: dict[str, Any], header: dict[str, Any], results: Path,
            f"--output={results / run['log']}", *run["resources"]]
     if depends_on:
         cmd.append(f"--dependency=afterany:{depends_on}")
-    cmd += [str(Path(header["repo"]) / SCRIPTS[run["backend"]]), header["job_file"],
+    cmd += [str(Path(header["repo"]) / sbatch_script(run["backend"])), header["job_file"],
             str(results / run["results_dir"]), "--quiet"]
     for s in header["sets"]:
         cmd += ["--set", s]
@@ -44,10 +44,11 @@ def check_nodes(runs: list[dict[str, Any]], header: dict[str, Any]) -> str | Non
     """SweepError naming the first cell the partition's nodes cannot hold (common.sweep.nodes), before anything
     is submitted; else None, or the line saying Slurm could not be asked."""
     cells = {r.get("cell", r["name"]): r for r in runs}
-    asks = [(c, r["resources"], Path(header["repo"]) / SCRIPTS[r["backend"]]) for c, r in cells.items()]
+    asks = [(c, r["resources"], Path(header["repo"]) / sbatch_script(r["backend"])) for c, r in cells.items()]
     if header.get("one_allocation"):  # and the allocation holding the largest layout, cells' options over theirs
         for chunk in allocation.groups(runs, header.get("rounds_per_job"))[:1]:
-            asks.append(("allocation", allocation.request(chunk), Path(header["repo"]) / SCRIPTS[chunk[0]["backend"]]))
+            asks.append(("allocation", allocation.request(chunk),
+                         Path(header["repo"]) / sbatch_script(chunk[0]["backend"])))
     return nodes.check(asks, _run_quiet)
 
 

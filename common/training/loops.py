@@ -16,10 +16,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from common.core.contract import Backend, Warmup
-from common.training import inputwait, keras3, outputs
+from common.training import inputwait, keras3
 from common.training.context import RunContext
 from common.training.hostsync import StepHooks
-from common.training.objective import Objective, fit_objective, lr_schedule, mean_over_ranks
+from common.training.objective import (
+    Objective,
+    compile_loss,
+    fit_objective,
+    is_multi,
+    lr_schedule,
+    mean_over_ranks,
+    structure_loss,
+)
 from common.training.step import ReplicaStep, make_step
 from common.workload.job import Job
 
@@ -87,7 +95,7 @@ class FitParts:
     local_replicas: int  # tf.distribute replicas in this process
     optimizer_reduces: bool  # the backend's Capabilities.optimizer_reduces
     xla: bool  # the forward pass jit-compiled (the collective-free part, as in the custom loop)
-    structure_loss: Any = None  # one per-example loss over a multi-output model's structures (outputs.structure_loss)
+    structure_loss: Any = None  # one per-example loss over a multi-output model's structures (objective.structure_loss)
     ring: LossRing | None = None
     clock: Any = None  # common.training.inputwait.InputClock
     forward: Any = None  # the jit-compiled forward pass, made at the first trace
@@ -114,16 +122,16 @@ class FitParts:
 def fit_model(job: Job, recipe: Objective, backend: Backend, inner: Any, optimizer: Any) -> Any:
     """The model ``fit`` trains: the job's model as a ``TwinModel`` with its ``FitParts``, compiled with the
     recipe's loss."""
-    multi = outputs.is_multi(inner)
+    multi = is_multi(inner)
     parts = FitParts(backend.reduce_gradients, backend.num_replicas, backend.info.replicas_per_worker,
-                     backend.capabilities().optimizer_reduces, bool(job.xla), outputs.structure_loss(recipe, inner))
+                     backend.capabilities().optimizer_reduces, bool(job.xla), structure_loss(recipe, inner))
     model = twin_model_class()(inputs=inner.inputs, outputs=inner.output if multi else inner.outputs,
                                name=inner.name, parts=parts)
     # tf_keras' default ("auto" = "sum" under MWMS) all-reduces every returned log across workers each step, on top
     # of the metrics' own sync, and so shows N x the loss. "first" keeps the synced metric values as they are and
     # adds no collective that Horovod runs do not have.
     model.distribute_reduction_method = "first"
-    model.compile(optimizer=optimizer, **outputs.compile_loss(recipe, model),
+    model.compile(optimizer=optimizer, **compile_loss(recipe, model),
                   steps_per_execution=job.steps_per_execution)
     return model
 
@@ -281,8 +289,6 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
         if new_lr is not None:
             set_lr(new_lr)
         train_step()  # not waited for: the host reads the device only at a sync
-        if hooks.dispatched == 0:
-            backend.after_first_step(model, optimizer)
         if not hooks.step_ended(hooks.dispatched + 1):
             continue
         if hooks.sync(losses(hooks.synced, hooks.dispatched)):  # progress lines: StepHooks.sync

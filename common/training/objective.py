@@ -5,9 +5,11 @@ The rules are the tf.distribute tutorial's, so that MWMS and Horovod compute the
 - each replica's objective is sum(per-example loss) / GLOBAL batch + regularisation / replicas, and the backends
   SUM gradients across replicas (``Backend.reduce_gradients`` in ``common.training.step``), which equals the gradient
   of the global-batch mean loss plus the regularisation counted once (``replica_objective``);
-- in Keras ``fit`` the loss is the compiled ``fit_loss``: under a strategy Keras applies the same rule itself;
-  under Horovod each rank's Keras loss is its local mean, divided by the ranks before the same SUM, the same quantity
-  (``fit_objective``); both go through the one step (``common.training.step``);
+- in Keras ``fit`` the loss is the compiled ``fit_loss`` (``compile_loss``: its ``compile`` arguments, and
+  ``structure_loss`` for a user loss over a multi-output model's structures, applied by ``fit_objective``): under a
+  strategy Keras applies the same rule itself; under Horovod each rank's Keras loss is its local mean, divided by
+  the ranks before the same SUM, the same quantity (``fit_objective``); both go through the one step
+  (``common.training.step``);
 - the LR warm-up is Horovod's ``LearningRateWarmupCallback`` rule (``warmup_multiplier``), re-implemented for the
   native backend and the custom loop, momentum correction off on both sides; after it the job's ``lr_schedule``
   (``lr_schedule``: constant, cosine, or the user's LearningRateSchedule), set from the host before every step in
@@ -71,6 +73,30 @@ def fit_loss(job: Objective) -> Any:
     if job.loss == DEFAULT_LOSS:
         return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return loss_from("loss", job.loss, tf.keras.losses.Reduction.AUTO)
+
+
+def is_multi(model: Any) -> bool:
+    """Does ``model`` return a structure of outputs (a dict, a list) rather than one tensor?"""
+    import tensorflow as tf
+
+    return tf.nest.is_nested(model.output)
+
+
+def compile_loss(job: Objective, model: Any) -> dict[str, Any]:
+    """``Model.compile``'s loss arguments for ``fit``: ``loss_per_output`` as a dict with every output's weight; None
+    for a user loss over the structures of a multi-output model (``structure_loss`` has it); else the job's single
+    loss (``fit_loss``)."""
+    if job.loss_per_output:
+        return {"loss": fit_loss(job), "loss_weights": loss_weights_of(job)}
+    if is_multi(model):
+        return {"loss": None}
+    return {"loss": fit_loss(job)}
+
+
+def structure_loss(job: Objective, model: Any) -> Any:
+    """The per-example loss ``fit``'s objective (``fit_objective``) applies to a multi-output model's structures
+    (what ``compile_loss`` leaves out), or None."""
+    return per_example_loss(job) if is_multi(model) and not job.loss_per_output else None
 
 
 def loss_from(key: str, value: str, reduction: Any) -> Any:

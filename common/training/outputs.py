@@ -1,4 +1,5 @@
-"""Models with several outputs: the objective over the label and output structures, the same in every loop.
+"""Models with several outputs: their outputs checked against the job's loss and labels before the first step. The
+loss itself, in every loop and in fit, is common/training/objective.py's.
 
 Two ways to give the loss of such a model (the job keys: ``common/workload/job.py``):
 
@@ -6,58 +7,30 @@ Two ways to give the loss of such a model (the job keys: ``common/workload/job.p
   in their structures (dicts, tuples) and returns one value per example. The custom loops call it as every
   per-example loss (``common.training.objective.replica_objective``). Keras ``compile`` would instead apply one
   loss to each output separately, so ``fit`` compiles no loss and its objective computes it
-  (``structure_loss``, then ``common.training.objective.fit_objective``) by Keras' rule for one loss: the batch mean,
+  (``objective.structure_loss``, then ``objective.fit_objective``) by Keras' rule for one loss: the batch mean,
   divided by the strategy's replicas, plus the regularisation divided the same way (tf_keras/src/engine/
   compile_utils.py, ``LossesContainer.__call__``).
 - ``loss_per_output = {name = loss}`` (and ``loss_weights``): the model returns a dict of outputs, the labels are a
   dict with the same keys, and the per-example objective is sum over outputs of weight x that output's
-  per-example loss. ``fit`` compiles ``loss=dict, loss_weights=dict`` (Keras sums weight x batch mean per output:
-  the same quantity); the custom loops use ``common.training.objective.per_example_loss``, labels first matched to
-  their output's dtype and rank as ``compile`` matches them (``match_dtype_and_rank`` in the same file).
+  per-example loss. ``fit`` compiles ``loss=dict, loss_weights=dict`` (``objective.compile_loss``; Keras sums
+  weight x batch mean per output: the same quantity); the custom loops use ``objective.per_example_loss``, labels
+  first matched to their output's dtype and rank as ``compile`` matches them (``match_dtype_and_rank`` in the same
+  file).
 
 Checked in every rank before the first step (``check``): each mismatch one line naming its job key, exit 2.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from common.core.errors import one_line
+from common.training import objective
+from common.training.objective import Objective
 from common.workload import usercode
-from common.workload.job import DEFAULT_LOSS, Job, loss_weights_of
-
-if TYPE_CHECKING:
-    from common.training.objective import Objective
-
-
-def is_multi(model: Any) -> bool:
-    """Does ``model`` return a structure of outputs (a dict, a list) rather than one tensor?"""
-    import tensorflow as tf
-
-    return tf.nest.is_nested(model.output)
-
-
-def compile_loss(job: Objective, model: Any) -> dict[str, Any]:
-    """``Model.compile``'s loss arguments for ``fit``: ``loss_per_output`` as a dict with every output's weight; None
-    for a user loss over the structures of a multi-output model (``structure_loss`` has it); else the job's single
-    loss (``objective.fit_loss``)."""
-    from common.training import objective
-
-    if job.loss_per_output:
-        return {"loss": objective.fit_loss(job), "loss_weights": loss_weights_of(job)}
-    if is_multi(model):
-        return {"loss": None}
-    return {"loss": objective.fit_loss(job)}
-
-
-def structure_loss(job: Objective, model: Any) -> Any:
-    """The per-example loss ``fit``'s objective applies to a multi-output model's structures (what ``compile_loss``
-    leaves out), or None."""
-    from common.training import objective
-
-    return objective.per_example_loss(job) if is_multi(model) and not job.loss_per_output else None
+from common.workload.job import DEFAULT_LOSS, Job
 
 
 # -- the check before the first step --------------------------------------------------------------------------------
@@ -66,8 +39,6 @@ def check(job: Job, model: Any, labels: Any, num_classes: int | None, spec: Obje
     like ``labels`` (NumPy, in their structure; None: not known, the structure alone is checked). ``spec``: the
     run's recipe (its loss and metrics: a compiled model's), else the job's keys."""
     import tensorflow as tf
-
-    from common.training import objective
 
     spec = spec or job
     out = model.output
@@ -123,17 +94,15 @@ def _check_values(job: Objective, out: Any, labels: Any) -> None:
     """The per-example objective on zero outputs and the sample labels: one value per example."""
     import tensorflow as tf
 
-    from common.training.objective import per_example_loss, per_output_values
-
     k = len(tf.nest.flatten(labels)[0])
     zeros = tf.nest.map_structure(lambda t: tf.zeros((k, *(d or 1 for d in tuple(t.shape)[1:])), tf.float32), out)
     key = "loss_per_output" if job.loss_per_output else f"loss = {job.loss!r}"
     try:
         y = tf.nest.map_structure(tf.constant, labels)
         if job.loss_per_output:  # each output's own: a sum would broadcast one value per batch over the examples
-            values = {f"loss_per_output[{n!r}]": v for n, v in per_output_values(job)(y, zeros).items()}
+            values = {f"loss_per_output[{n!r}]": v for n, v in objective.per_output_values(job)(y, zeros).items()}
         else:
-            values = {key: per_example_loss(job)(y, zeros)}
+            values = {key: objective.per_example_loss(job)(y, zeros)}
     except usercode.UserCodeError:
         raise
     except Exception as e:

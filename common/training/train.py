@@ -167,7 +167,7 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
             print(line, flush=True)
     resume = find_resume(ctx, built) if probe is None else Resume.fresh(ctx)
     dataset = backend.make_dataset(training_input(ctx, resume.start_step))
-    backend.before_training(built.model)
+    backend.before_training(built.model, built.optimizer)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
     hooks = StepHooks(ctx, resume.start_step, preemption, watchdog, least_warm=probe.least_warm if probe else 0)
     hooks.energy = energy.rank_meter()  # None without a GPU energy counter: the record's energy is then absent

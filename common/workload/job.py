@@ -302,7 +302,7 @@ def _validate_outputs(job: Job, need: Any) -> None:
     name -> number (only with ``loss_per_output``; an output it does not name weighs 1.0, Keras' default). The model
     returns a dict of outputs with exactly those names and the labels are a dict with the same keys; the per-example
     objective is the weighted sum of the outputs' per-example losses, what Keras ``compile(loss=dict,
-    loss_weights=dict)`` minimises (built in ``common.training.outputs``). ``loss = "package.module:function"`` is
+    loss_weights=dict)`` minimises (built in ``common.training.objective``). ``loss = "package.module:function"`` is
     the other way to train such a model (one function taking the label and output structures): the two exclude
     each other."""
     per, weights = job.loss_per_output, job.loss_weights
