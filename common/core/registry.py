@@ -52,6 +52,10 @@ Pair = tuple[str, str]  # (numerator, denominator): the report's ratio of their 
 # The report's comparisons when none is asked for (``python -m common.report DIR --pair NUM,DEN``): Horovod against
 # native, the question twinbench exists for. The first pair is the headline (report.csv's ratio column).
 PAIRS: tuple[Pair, ...] = (("horovod", "native"),)
+# The report's migration question (common.report.migrate), leaving the numerator for the denominator: Horovod for
+# native MWMS, fixed whatever pairs are compared, since its rows are those two backends' own (Horovod constructs not
+# carried over, the horovod and horovod_patch versions, common.check's native vs Horovod answers).
+MIGRATION: Pair = ("horovod", "native")
 
 
 def names() -> tuple[str, ...]:

@@ -1,5 +1,5 @@
 """The question users bring: can this job leave Horovod for native MultiWorkerMirroredStrategy? One table per job
-(``LEAVE``: Horovod and native, by name), after the verdict, rendered in report.md, report.html and ``migration.csv``:
+(``registry.MIGRATION``), after the verdict, rendered in report.md, report.html and ``migration.csv``:
 whether both compute the same math, whether the job scales exactly and whether Keras ``fit`` and the custom loop
 agree (a ``common.check`` result found in the results directories, else "not checked", naming any check of other
 code of the same job name), throughput per size with its interval and the verdict's words, time to target, peak
@@ -37,11 +37,11 @@ CHECK_KIND = "check"
 CHECK_FILE = "check.json"  # what common.check --results DIR would write as DIR/check.json (check_summary)
 CHECK_SCHEMA = 2  # 2: one answer per question (questions); 1: the status and last line only
 MIGRATION_CSV = "migration.csv"
-# The question is leaving Horovod for native MWMS by name, not any compared pair (``--pair``): its rows are those two
-# backends' own (Horovod's constructs not carried over, the horovod and horovod_patch versions, common.check's native
-# vs Horovod answers, MWMS's needs), so another pair would get answers it never asked. (numerator: the backend left)
-LEAVE: registry.Pair = ("horovod", "native")
-FROM, TO = LEAVE
+# The question is leaving Horovod for native MWMS, the registry's MIGRATION role, not any compared pair (``--pair``):
+# its rows are those two backends' own (Horovod's constructs not carried over, the horovod and horovod_patch versions,
+# common.check's native vs Horovod answers, MWMS's needs), so another pair would get answers it never asked.
+LEAVE = registry.MIGRATION
+FROM, TO = LEAVE  # the backend left (the ratio's numerator), the one moved to
 # Job keys that say how long a run is, how it is measured or evaluated, or what it is called: a check of the job
 # with other values of these checked the same step (common.check runs few steps, in both modes, at b and 2b).
 PROTOCOL_KEYS = ("name", "pythonpath", "steps", "epochs", "steps_per_epoch", "mode", "timing_warmup_steps",
