@@ -344,11 +344,45 @@ KEY_JOB_FIELDS = ("model", "dataset", "per_replica_batch_size", "steps", "epochs
                   "lr_scaling", "mode", "mixed_precision", "xla", "seed")  # shown in each job's header
 
 
-def _head(s: JobSummary) -> list[Block]:
-    """Title, key job fields, the version and binding mixes if any, and the job's tables."""
-    key = [f"{k} = {fmt_value(s.job[k])}" for k in KEY_JOB_FIELDS if k in s.job]
+RECIPE_FIELDS = ("optimizer", "learning_rate")  # the job's keys a compiled model's recipe replaces in the header
+
+
+def compiled_recipes(records: Sequence[Any]) -> list[str]:
+    """What trained the runs whose model function compiled its own optimizer (``RunRecord.recipe``, source
+    "compiled"), one text per distinct recipe, e.g. "the compiled model's SGD (base learning rate 0.001; loss
+    sparse_categorical_crossentropy; metrics accuracy)"; [] when the job's keys trained. The base rate, not each
+    run's: under lr_scaling = "linear" a run's rate is the base times its replicas."""
+    out = []
+    for r in records:
+        rec = r.recipe if isinstance(r.recipe, Mapping) else {}
+        if rec.get("source") != "compiled":
+            continue
+        parts = [f"base learning rate {fmt_value(rec.get('base_learning_rate'))}"]
+        if rec.get("loss"):
+            parts.append(f"loss {rec['loss']}")
+        if rec.get("metrics"):
+            parts.append(f"metrics {', '.join(map(str, rec['metrics']))}")
+        name = str(rec.get("optimizer") or "?").rsplit(".", 1)[-1]
+        out.append(f"the compiled model's {name} ({'; '.join(parts)})")
+    return list(dict.fromkeys(out))
+
+
+def _key_fields(s: JobSummary) -> list[str]:
+    """The job's key fields; a compiled model's recipe in place of the job's optimizer and learning rate, which
+    did not train it (the job file's keys stay the job's identity, ``job`` in the records)."""
+    compiled = compiled_recipes(s.records)
+    shown = [k for k in KEY_JOB_FIELDS if k in s.job or (compiled and k == RECIPE_FIELDS[0])]
+    key = [f"{k} = {fmt_value(s.job[k])}" for k in shown if not (compiled and k in RECIPE_FIELDS)]
+    if compiled:  # where the optimizer would stand
+        key.insert(shown.index(RECIPE_FIELDS[0]), "trained by " + " / ".join(compiled))
     if s.job.get("model") == "mlp" and "mlp_hidden" in s.job:
         key.insert(1, f"mlp_hidden = {fmt_value(s.job['mlp_hidden'])}")
+    return key
+
+
+def _head(s: JobSummary) -> list[Block]:
+    """Title, key job fields, the version and binding mixes if any, and the job's tables."""
+    key = _key_fields(s)
     out: list[Block] = [Heading(f"Job `{md_escape(s.name)}` — hash `{s.job_hash}`", 2),
                         Para(f"Key job fields: {', '.join(key)}."),
                         Para(f"{len(s.runs)} runs; backends: {', '.join(s.backends)}.")]
