@@ -104,8 +104,9 @@ def test_several_pairs_each_in_the_tables_and_the_verdict(toy: None, results: Pa
     assert native_1.scaling.ratio == pytest.approx(111.0 / 102.0)  # the headline pair's, not the toy's
     assert verdict_title(s).endswith("horovod vs native, toy vs native:")
     lines = [t for t in verdict_texts(s) if not t.startswith("CPUs only")]  # the scope line: these runs' CPUs
-    assert [t.split(":")[0] for t in lines] == ["horovod vs native, 1 node x 1 rank", "horovod vs native, 2 nodes x "
-                                                "1 rank", "toy vs native, 1 node x 1 rank", "toy vs native, 2 nodes x 1 rank"]
+    assert [t.split(":")[0] for t in lines] == [
+        "horovod vs native, 1 node x 1 rank", "horovod vs native, 2 nodes x 1 rank",
+        "toy vs native, 1 node x 1 rank", "toy vs native, 2 nodes x 1 rank"]
     assert lines[-1].endswith("only native ran, no comparison")
     tables = render.format_ratio_table(s).split("\n\n")
     assert len(tables) == 2 and "| toy images/s |" not in tables[0] and "| toy images/s |" in tables[1]
