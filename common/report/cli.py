@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pair", action="append", type=_pair, metavar="NUM,DEN",
                    help=f"compare backend NUM against DEN (their images/s ratio per world size, the verdict; "
                         f"repeatable, the first heads report.csv's ratio column; default {num},{den}); the "
-                        "migration section stays horovod vs native")
+                        f"migration section stays {' vs '.join(registry.MIGRATION)}")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--until", metavar="WIDTH",
                    help="instead of writing the report: is every cell's 95%% interval of the median within WIDTH "

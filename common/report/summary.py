@@ -6,8 +6,8 @@ what the runs cost besides time (peak memory per rank, GPU energy over the timed
 GPU-hours; energy and GPU-hours only for runs on GPUs: absent, never zero, on a CPU); the speedups, the backend
 ratios (each compared pair, ``registry.Pair``: numerator / denominator median throughput per world size; the
 registry's ``PAIRS`` unless others are asked for, the first the headline) and the notes the figures give (repeats,
-collectives, missing baselines and sides); the notes the records give are common.report.notes', which summaries are
-reported is common.report.load's.
+collectives, missing baselines and sides). The notes the records give are common.report.notes'; which summaries are
+reported, common.report.load's.
 
 Memory: the TensorFlow allocator's peak on the rank's GPU when a rank recorded one (``machine`` block,
 ``memory.peak_gpu_bytes``), else the process's peak resident set (``memory.peak_rss_bytes``, host memory)."""
