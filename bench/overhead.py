@@ -198,7 +198,7 @@ def summarize(name: str, figures: Figures) -> None:
                 med[kind][side] = m
                 print(f"{name} {n}w {kind}: median ratio twinbench/{side} = {m:.3f} ({lo:.3f}-{hi:.3f}) over "
                       f"{len(reps)} repeats, tax {100 * (1 - m):+.1f}% ({targets(name, side)})", flush=True)
-        a, b = registry.RATIO
+        a, b = registry.PAIRS[0]  # the headline pair of the report
         if a not in med or b not in med:
             continue
         for side in med[a]:

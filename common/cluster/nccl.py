@@ -131,7 +131,7 @@ def networks(records_transport: Sequence[Sequence[dict[str, Any] | None] | None]
 
 
 def mismatch(a: Sequence[Sequence[dict[str, Any] | None] | None], b: Sequence[Sequence[dict[str, Any] | None] | None],
-             names: tuple[str, str] = registry.RATIO) -> str | None:
+             names: tuple[str, str] = registry.PAIRS[0]) -> str | None:
     """The report's caveat when the two backends' runs (``a``, ``b``: their ``nccl_transport`` lists; ``names``:
     the report's ratio, numerator first) used different NCCL transports or interfaces, e.g. "NCCL used IB
     (mlx5_0:1/IB) for horovod but Socket (eth0) for native"; None when they agree or either side has no finding

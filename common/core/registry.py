@@ -51,8 +51,14 @@ REGISTRY: dict[str, BackendEntry] = {
                      "tab:orange", "jobs/slurm/horovod.sbatch", srun_mpi=True, port_base=False),
     )
 }
-# The report's headline ratio: numerator / denominator of images/s at each world size (the first two backends).
-RATIO = ("horovod", "native")
+Pair = tuple[str, str]  # (numerator, denominator): the report's ratio of their images/s at each world size
+# The report's comparisons when none is asked for (``python -m common.report DIR --pair NUM,DEN``): Horovod against
+# native, the question twinbench exists for. The first pair is the headline (report.csv's ratio column).
+PAIRS: tuple[Pair, ...] = (("horovod", "native"),)
+# The report's migration question (common.report.migrate), leaving the numerator for the denominator: Horovod for
+# native MWMS, fixed whatever pairs are compared, since its rows are those two backends' own (Horovod constructs not
+# carried over, the horovod and horovod_patch versions, common.check's native vs Horovod answers).
+MIGRATION: Pair = ("horovod", "native")
 
 
 def names() -> tuple[str, ...]:
@@ -65,6 +71,19 @@ def entry(name: str) -> BackendEntry:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}: use one of {', '.join(REGISTRY)}") from None
+
+
+def parse_pair(text: str) -> Pair:
+    """``"toy,native"`` -> ("toy", "native"): two different registered backends, numerator first; ValueError
+    naming the backends otherwise."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"a pair is NUM,DEN (two backends, e.g. {','.join(PAIRS[0])}), got {text!r}")
+    for name in parts:
+        entry(name)
+    if parts[0] == parts[1]:
+        raise ValueError(f"a pair compares two different backends, got {text!r}")
+    return parts[0], parts[1]
 
 
 def load(name: str) -> ModuleType:

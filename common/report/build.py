@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from common.core import registry
 from common.core.results import AllreduceRecord, BreakdownRecord, write_atomic
 from common.report import render
 from common.report.base import ReportError, warn
@@ -18,17 +19,19 @@ from common.report.document import Block, report
 from common.report.load import (
     LoadedRun,
     PathArg,
+    check_versions,
     load_allreduce,
     load_breakdowns,
     load_set,
     result_files,
     roots,
+    select_jobs,
     sort_allreduce,
 )
 from common.report.migrate import MIGRATION_CSV, load_checks, migration_part
 from common.report.model import allreduce_part, breakdown_cells, breakdown_part, format_model
 from common.report.render import plot_allreduce, plot_breakdown, plot_job
-from common.report.summary import JobSummary, check_versions, select_jobs, summarize
+from common.report.summary import JobSummary, summarize
 
 __all__ = ["Report", "ReportOptions", "build_report", "load_set"]  # load_set: the sweep's status reads it here
 
@@ -45,6 +48,7 @@ class ReportOptions:
     extrapolate_to: int | None = None  # the scaling model's extrapolation up to N replicas (None: its default)
     baseline: tuple[Path, ...] = ()  # directories of OLD results to compare every cell with
     tolerance: float = 0.05  # with ``baseline``: the change of median throughput that counts
+    pairs: tuple[registry.Pair, ...] = registry.PAIRS  # the backend pairs compared (numerator, denominator)
 
     @property
     def selects(self) -> bool:
@@ -113,7 +117,7 @@ def _diagnostics(summaries: Sequence[JobSummary], runs: Sequence[LoadedRun], ben
             image = f"breakdown_{h}.png"
             title = f"{cells[0].rec.job.get('name', '?')} ({h})"
             paths.append(write_atomic(out / image, plot_breakdown(title, bars)))
-        blocks += breakdown_part(cells, image)
+        blocks += breakdown_part(cells, image, opts.pairs)
     return blocks
 
 
@@ -131,7 +135,8 @@ def build_report(results_dir: PathArg | Sequence[PathArg], out_dir: PathArg | No
         n = sum(len(result_files(r)) for r in dirs)
         why = f"none of its {n} results JSON file(s) is usable (see warnings)" if n else "no results JSON files"
         raise ReportError(f"no results in {where}: {why}")
-    summaries = select_jobs(summarize(runs), job_hash=opts.job_hash, compare=opts.compare, job=opts.job, where=where)
+    summaries = select_jobs(summarize(runs, opts.pairs), job_hash=opts.job_hash, compare=opts.compare, job=opts.job,
+                            where=where)
     check_versions(summaries, allow_mixed=opts.allow_mixed_versions, warn=warn)
     against = _baseline(opts, summaries, warn) if opts.baseline else None
     out = _out_dir(dirs[0], out_dir)
@@ -162,7 +167,7 @@ def _baseline(opts: ReportOptions, new: Sequence[JobSummary], warn: Callable[[st
     for r in dirs:
         if not r.is_dir():
             raise ReportError(f"--baseline {str(r)!r} is not a directory of results")
-    old = summarize(load_set(dirs, warn))
+    old = summarize(load_set(dirs, warn), opts.pairs)
     if not old:
         raise ReportError(f"no training results in the baseline {', '.join(repr(str(r)) for r in dirs)}")
     hashes = {s.job_hash for s in new}

@@ -12,18 +12,18 @@ from common.report.base import ReportError
 from common.report.baseline import EXIT_SLOWER, EXIT_UNCOMPARED, baseline_table, parse_tolerance
 from common.report.build import Report, ReportOptions, build_report
 from common.report.converge import EXIT_CONVERGED, EXIT_NOT_YET, check, converged, format_checks, parse_width
-from common.report.load import load_set
+from common.report.load import load_set, select_jobs
 from common.report.render import format_ratio_table, format_table, md_table
-from common.report.summary import select_jobs, summarize
+from common.report.summary import summarize
 from common.report.verdict import verdict_lines
 
 
 def _parser() -> argparse.ArgumentParser:
-    num, den = registry.RATIO
+    num, den = registry.PAIRS[0]
     p = argparse.ArgumentParser(
         prog="python -m common.report",
-        description=f"Scaling report ({den} vs {num}) from a directory of twinbench results JSONs. Runs are "
-                    "grouped by job hash; different jobs are reported separately and never compared.",
+        description=f"Scaling report ({den} vs {num} unless --pair) from a directory of twinbench results JSONs. "
+                    "Runs are grouped by job hash; different jobs are reported separately and never compared.",
     )
     p.add_argument("results_dir", type=Path, nargs="+", metavar="RESULTS_DIR",
                    help="directory of results *.json (subdirectories one level deep are read too); several "
@@ -42,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--extrapolate-to", type=int, metavar="N",
                    help="extend the scaling model's extrapolation to N replicas (default: at most 4x the largest "
                         "measured size); a model, never measured")
+    p.add_argument("--pair", action="append", type=_pair, metavar="NUM,DEN",
+                   help=f"compare backend NUM against DEN (their images/s ratio per world size, the verdict; "
+                        f"repeatable, the first heads report.csv's ratio column; default {num},{den}); the "
+                        f"migration section stays {' vs '.join(registry.MIGRATION)}")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--until", metavar="WIDTH",
                    help="instead of writing the report: is every cell's 95%% interval of the median within WIDTH "
@@ -56,6 +60,14 @@ def _parser() -> argparse.ArgumentParser:
                                                     "(default 5%%)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the paths written, not the tables")
     return p
+
+
+def _pair(text: str) -> registry.Pair:
+    """``--pair``'s value (argparse prints the ValueError's line and exits 2)."""
+    try:
+        return registry.parse_pair(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _print_tables(rep: Report) -> None:
@@ -115,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = ReportOptions(job_hash=args.job_hash, compare=tuple(args.compare) if args.compare else None,
                                 job=job, plots=not args.no_plots, allow_mixed_versions=args.allow_mixed_versions,
                                 extrapolate_to=args.extrapolate_to, baseline=tuple(args.baseline),
-                                tolerance=tolerance)
+                                tolerance=tolerance, pairs=tuple(dict.fromkeys(args.pair or registry.PAIRS)))
         rep = build_report(args.results_dir, args.out, options)
     except ReportError as e:
         print(f"report: {e.prefix}{e}", file=sys.stderr)
@@ -125,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in rep.paths:
         print(f"wrote {p}")
     if not args.quiet and (lines := verdict_lines(rep.summaries)):
-        print("\nVerdict (" + f"{registry.RATIO[0]} vs {registry.RATIO[1]}" + "):\n" + "\n".join(lines))
+        pairs = ", ".join(f"{a} vs {b}" for a, b in rep.summaries[0].pairs)
+        print(f"\nVerdict ({pairs}):\n" + "\n".join(lines))
     if rep.baseline is None:
         return 0
     if not args.quiet:

@@ -14,14 +14,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from common.core import registry
 from common.report.base import IMAGES, NA, NO_INTERVAL, SAMPLES, fmt_num, fmt_value, in_unit, md_escape
 from common.report.load import versions_by_key
 from common.report.machines import binding_mix, distinct, format_machines, short_command, shorten_paths
 from common.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, MIN_CI_RUNS, MIN_PAIRED_ROUNDS, NEEDS_RUNS, num
 from common.report.summary import (
     ENERGY_SCOPE,
-    RATIO_DEN,
-    RATIO_NUM,
     TTT_METHOD,
     JobSummary,
     Row,
@@ -144,6 +143,7 @@ def _finals(r: Row) -> str:
 
 
 C = Column
+RATIO_CSV = "{num}_{den}_ratio"  # report.csv's ratio column, named by the headline pair: horovod_native_ratio
 TTT = C("time to target (s)", "time_to_target_s", lambda r: r.validation.ttt, number(".2f"), shown=has_target)
 COLUMNS: tuple[Column, ...] = (  # the scaling table, in order; report.csv starts with job_hash, job_name
     C("backend", "backend", lambda r: r.identity.label),
@@ -163,8 +163,8 @@ COLUMNS: tuple[Column, ...] = (  # the scaling table, in order; report.csv start
       "speedup = median images/s at N replicas / median images/s at 1 replica of the same backend"),
     C("efficiency", "efficiency", lambda r: r.scaling.efficiency, number(".1f", 100, "%"),
       "efficiency = throughput(N) / (N × throughput(1))"),
-    C(None, f"{RATIO_NUM}_{RATIO_DEN}_ratio", lambda r: r.scaling.ratio, number(".3f"),
-      f"{RATIO_NUM}/{RATIO_DEN} = ratio of the two backends' median images/s at the same world size"),
+    C(None, RATIO_CSV, lambda r: r.scaling.ratio, number(".3f"),
+      "NUM/DEN = ratio of a compared pair's median images/s at the same world size (report.csv: the first pair's)"),
     C(None, ("ratio_ci95_low", "ratio_ci95_high"), lambda r: r.scaling.ratio_ci or (None, None)),
     C("step p50 (ms)", "step_time_p50_s", lambda r: r.steps.p50, number(".2f", 1e3),
       "step times (p50, p95 over each run's timed steps, step end to step end, or per sync window: see Notes) and "
@@ -193,8 +193,10 @@ def scaling_table(summary: JobSummary, columns: Sequence[Column] | None = None) 
     return table([str(c.header) for c in cols], [[c.fmt(c.value(r)) for c in cols] for r in summary.rows])
 
 
-def csv_header(columns: Sequence[Column] | None = None) -> list[str]:
-    return [*JOB_CSV, *(n for c in (COLUMNS if columns is None else columns) for n in c.csv_names)]
+def csv_header(columns: Sequence[Column] | None = None, pair: registry.Pair = registry.PAIRS[0]) -> list[str]:
+    """report.csv's header; ``pair``: the headline pair, which names the ratio column (``RATIO_CSV``)."""
+    names = (n for c in (COLUMNS if columns is None else columns) for n in c.csv_names)
+    return [*JOB_CSV, *(n.format(num=pair[0], den=pair[1]) if n == RATIO_CSV else n for n in names)]
 
 
 def csv_values(summary: JobSummary, row: Row, columns: Sequence[Column] | None = None) -> list[Any]:
@@ -230,23 +232,25 @@ def ratio_text(ratio: float | None, ci: tuple[float, float] | None) -> str:
     return f"{ratio:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{ratio:.3f} ({NEEDS_RUNS})"
 
 
-def ratio_table(summary: JobSummary) -> Table:
-    """registry.RATIO per world size (and layout)."""
+def ratio_table(summary: JobSummary, pair: registry.Pair | None = None) -> Table:
+    """A compared pair's ratio per world size (and layout); ``pair`` None: the headline (the summary's first)."""
+    top, bottom = pair = pair or summary.pairs[0]
+    ratios = summary.ratios_of(pair)
     header: tuple[str, ...] = (
-        "replicas", "layout", f"{RATIO_DEN} images/s", f"{RATIO_NUM} images/s",
-        f"{RATIO_NUM}/{RATIO_DEN} [95% CI]", f"workers ({RATIO_DEN} / {RATIO_NUM})",
-        f"collective ({RATIO_DEN} / {RATIO_NUM})", "like for like")
+        "replicas", "layout", f"{bottom} images/s", f"{top} images/s",
+        f"{top}/{bottom} [95% CI]", f"workers ({bottom} / {top})",
+        f"collective ({bottom} / {top})", "like for like")
     body = [[str(q.world_size), q.layout or NA, fmt_num(q.den_ips, ".1f"), fmt_num(q.num_ips, ".1f"),
              ratio_text(q.ratio, q.ratio_ci),
              f"{q.den_workers if q.den_workers is not None else NA} / "
              f"{q.num_workers if q.num_workers is not None else NA}",
-             f"{q.den_collective or NA} / {q.num_collective or NA}", like_for_like(summary, q)] for q in summary.ratios]
-    if any(q.same_nodes for q in summary.ratios):  # runs that recorded their nodes: did a round's pair share them
+             f"{q.den_collective or NA} / {q.num_collective or NA}", like_for_like(summary, q)] for q in ratios]
+    if any(q.same_nodes for q in ratios):  # runs that recorded their nodes: did a round's pair share them
         header += ("same nodes",)
-        body = [[*b, f"{q.same_nodes or NA}{' (paired)' if q.paired else ''}"] for b, q in zip(body, summary.ratios)]
-    if any(q.machine for q in summary.ratios):  # a job run on several machines: each pair's own
+        body = [[*b, f"{q.same_nodes or NA}{' (paired)' if q.paired else ''}"] for b, q in zip(body, ratios)]
+    if any(q.machine for q in ratios):  # a job run on several machines: each pair's own
         header += ("machine",)
-        body = [[*b, q.machine or NA] for b, q in zip(body, summary.ratios)]
+        body = [[*b, q.machine or NA] for b, q in zip(body, ratios)]
     return table(header, body)
 
 
@@ -315,11 +319,12 @@ def best_part(summary: JobSummary) -> list[Block]:
     out: list[Block] = [Heading("Best vs best", 3), table(
         ("backend", "replicas", "layout", "default images/s", "fastest variant", "fastest images/s",
          "fastest / default"), body)]
-    ratios = [[str(q.world_size), q.layout, f(q.default_ratio, ".3f"), f(q.best_ratio, ".3f"), q.den_best, q.num_best]
-              for q in best_ratios(cells)]
-    if ratios:
-        out.append(table(("replicas", "layout", f"{RATIO_NUM}/{RATIO_DEN} defaults",
-                          f"{RATIO_NUM}/{RATIO_DEN} fastest", f"fastest {RATIO_DEN}", f"fastest {RATIO_NUM}"), ratios))
+    for top, bottom in summary.pairs:
+        ratios = [[str(q.world_size), q.layout, f(q.default_ratio, ".3f"), f(q.best_ratio, ".3f"), q.den_best,
+                   q.num_best] for q in best_ratios(cells, (top, bottom))]
+        if ratios:
+            out.append(table(("replicas", "layout", f"{top}/{bottom} defaults", f"{top}/{bottom} fastest",
+                              f"fastest {bottom}", f"fastest {top}"), ratios))
     return [*out, Para(BEST_NOTE)]
 
 
@@ -339,11 +344,45 @@ KEY_JOB_FIELDS = ("model", "dataset", "per_replica_batch_size", "steps", "epochs
                   "lr_scaling", "mode", "mixed_precision", "xla", "seed")  # shown in each job's header
 
 
-def _head(s: JobSummary) -> list[Block]:
-    """Title, key job fields, the version and binding mixes if any, and the job's tables."""
-    key = [f"{k} = {fmt_value(s.job[k])}" for k in KEY_JOB_FIELDS if k in s.job]
+RECIPE_FIELDS = ("optimizer", "learning_rate")  # the job's keys a compiled model's recipe replaces in the header
+
+
+def compiled_recipes(records: Sequence[Any]) -> list[str]:
+    """What trained the runs whose model function compiled its own optimizer (``RunRecord.recipe``, source
+    "compiled"), one text per distinct recipe, e.g. "the compiled model's SGD (base learning rate 0.001; loss
+    sparse_categorical_crossentropy; metrics accuracy)"; [] when the job's keys trained. The base rate, not each
+    run's: under lr_scaling = "linear" a run's rate is the base times its replicas."""
+    out = []
+    for r in records:
+        rec = r.recipe if isinstance(r.recipe, Mapping) else {}
+        if rec.get("source") != "compiled":
+            continue
+        parts = [f"base learning rate {fmt_value(rec.get('base_learning_rate'))}"]
+        if rec.get("loss"):
+            parts.append(f"loss {rec['loss']}")
+        if rec.get("metrics"):
+            parts.append(f"metrics {', '.join(map(str, rec['metrics']))}")
+        name = str(rec.get("optimizer") or "?").rsplit(".", 1)[-1]
+        out.append(f"the compiled model's {name} ({'; '.join(parts)})")
+    return list(dict.fromkeys(out))
+
+
+def _key_fields(s: JobSummary) -> list[str]:
+    """The job's key fields; a compiled model's recipe in place of the job's optimizer and learning rate, which
+    did not train it (the job file's keys stay the job's identity, ``job`` in the records)."""
+    compiled = compiled_recipes(s.records)
+    shown = [k for k in KEY_JOB_FIELDS if k in s.job or (compiled and k == RECIPE_FIELDS[0])]
+    key = [f"{k} = {fmt_value(s.job[k])}" for k in shown if not (compiled and k in RECIPE_FIELDS)]
+    if compiled:  # where the optimizer would stand
+        key.insert(shown.index(RECIPE_FIELDS[0]), "trained by " + " / ".join(compiled))
     if s.job.get("model") == "mlp" and "mlp_hidden" in s.job:
         key.insert(1, f"mlp_hidden = {fmt_value(s.job['mlp_hidden'])}")
+    return key
+
+
+def _head(s: JobSummary) -> list[Block]:
+    """Title, key job fields, the version and binding mixes if any, and the job's tables."""
+    key = _key_fields(s)
     out: list[Block] = [Heading(f"Job `{md_escape(s.name)}` — hash `{s.job_hash}`", 2),
                         Para(f"Key job fields: {', '.join(key)}."),
                         Para(f"{len(s.runs)} runs; backends: {', '.join(s.backends)}.")]
@@ -358,7 +397,7 @@ def _head(s: JobSummary) -> list[Block]:
     out += [Heading("Scaling", 3), scaling_table(s),
             *([Para("Speedup and efficiency base (absolute): " + "; ".join(md_escape(b) for b in base) + ".")]
               if base else []),
-            Heading(f"{RATIO_NUM} / {RATIO_DEN} throughput", 3), ratio_table(s)]
+            *(b for pair in s.pairs for b in (Heading(f"{pair[0]} / {pair[1]} throughput", 3), ratio_table(s, pair)))]
     return out + validation_part(s) + resources_part(s) + best_part(s)
 
 
@@ -449,7 +488,8 @@ METHOD = (
     "(scipy.stats.binom), k = n+1-j (coverage 1-2F(j-1) >= 95%; n = 6 gives min-max at 96.9%);",
     f"with 2-{MIN_CI_RUNS - 1} repeats the range min-max, labelled \"min-max (n=...)\" (not a confidence "
     f"interval); a single repeat has none (\"{NO_INTERVAL}\");",
-    f"{RATIO_NUM}/{RATIO_DEN} = ratio of the medians, with a bootstrap 95% percentile interval when both cells have "
+    f"a pair's ratio (numerator/denominator, {'/'.join(registry.PAIRS[0])} unless others are asked for: --pair) = "
+    "ratio of the medians, with a bootstrap 95% percentile interval when both cells have "
     f"at least {MIN_CI_RUNS} repeats ({BOOTSTRAP_RESAMPLES:,} independent resamples of each cell, numpy "
     f"Generator seed {BOOTSTRAP_SEED}, reproducible), else \"{NEEDS_RUNS}\"; when both backends ran every round on "
     "the same nodes (a sweep's rounds: the records' Slurm nodelist and run directory; the demo's: its hosts and the "

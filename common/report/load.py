@@ -3,7 +3,9 @@
 benchmarks and breakdowns as common.core.results.AllreduceRecord and BreakdownRecord), and the software versions
 that make a comparison suspect. Older files are upgraded to their type's current schema as they are read
 (common.core.results' upgrade_* steps), so nothing past this module asks what a file lacks. Which jobs are reported
-is common.report.summary's (it works on the summaries)."""
+is chosen here too, beside the loading (``select_jobs``: all, one by hash, the job of a file, or two hashes that
+must name the same job, refusing different jobs by the fields that differ; ``check_versions``: mixed software
+versions refused), on anything shaped as a summary (``Summarized``)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from common.core.results import AllreduceRecord, BreakdownRecord, RecordError, RunRecord
-from common.report.base import ReportError, fmt_value, warn
+from common.report.base import MISSING, MixedVersionsError, ReportError, fmt_value, warn
 from common.report.stats import num
 
 # JSONs in results dirs that are not training runs (check: common.check's summary, read by common.report.migrate)
@@ -279,3 +281,110 @@ def version_mix(runs: Sequence[RunRecord]) -> list[str]:
 def mix_message(name: str, job_hash: str, mix: Sequence[str]) -> str:
     """The start of the one-line refusal or warning about a mix of versions in one job's comparison."""
     return f"runs of job {name!r} ({job_hash}) mix versions: {'; '.join(mix)}"
+
+
+# -- selection: which jobs are reported, refusing to compare different jobs or mixed versions --------------------------
+class Summarized(Protocol):
+    """What selection reads of a job's summary (common.report.summary.JobSummary)."""
+
+    @property
+    def job_hash(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def job(self) -> dict[str, Any]: ...
+    @property
+    def runs(self) -> list[LoadedRun]: ...
+    @property
+    def version_mix(self) -> list[str]: ...
+
+
+S = TypeVar("S", bound=Summarized)
+
+
+def check_versions(summaries: Sequence[S], *, allow_mixed: bool,
+                   warn: Callable[[str], None] = warn) -> None:
+    """Refuse (MixedVersionsError, the first such job) a comparison whose runs mix software versions, or, when
+    ``allow_mixed``, warn once per such job."""
+    for s in summaries:
+        if s.version_mix:
+            msg = mix_message(s.name, s.job_hash, s.version_mix)
+            if not allow_mixed:
+                raise MixedVersionsError(f"{msg}; pass --allow-mixed-versions to compare them anyway")
+            warn(f"{msg}; compared anyway (--allow-mixed-versions)")
+
+
+
+def job_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``"field: a vs b"`` for every hashed job field that differs, in the Job's declared field order."""
+    try:
+        from common.workload.job import FIELDS  # stdlib-only module: field order for a readable diff
+
+        order = [k for k in FIELDS if k in a or k in b]
+    except ImportError:  # the report copied elsewhere without the rest of twinbench
+        order = []
+    keys = order + sorted((set(a) | set(b)) - set(order))
+    return [f"{k}: {fmt_value(a.get(k, MISSING))} vs {fmt_value(b.get(k, MISSING))}"
+            for k in keys if k != "name" and a.get(k, MISSING) != b.get(k, MISSING)]
+
+
+def different_jobs_message(a: Summarized, b: Summarized) -> str:
+    """The one-line refusal naming the job fields that differ between two jobs."""
+    diff = job_diff(a.job, b.job) or [f"job fields identical but recorded hashes differ "
+                                      f"({a.job_hash} vs {b.job_hash}): results written by different "
+                                      "twinbench versions?"]
+    return (f"runs belong to different jobs ({'; '.join(diff)}); compare one job at a time with "
+            f"--job-hash {a.job_hash} or --job-hash {b.job_hash}")
+
+
+def _jobs_present(summaries: Sequence[S]) -> str:
+    return ", ".join(f"{s.job_hash} ({s.name}, {len(s.runs)} runs)" for s in summaries) or "none"
+
+
+def _resolve(summaries: Sequence[S], wanted: str, where: str) -> S:
+    key = wanted.strip().lower()
+    exact = [s for s in summaries if s.job_hash == key]
+    hits = exact or ([s for s in summaries if s.job_hash.startswith(key)] if key else [])
+    if not hits:
+        raise ReportError(f"no runs with job hash {wanted!r} in {where}; jobs present: {_jobs_present(summaries)}")
+    if len(hits) > 1:
+        raise ReportError(f"job hash prefix {wanted!r} matches {len(hits)} jobs in {where}: {_jobs_present(hits)}; "
+                          "give more digits")
+    return hits[0]
+
+
+def _job_of_file(summaries: Sequence[S], job: Mapping[str, Any], where: str) -> list[S]:
+    """The summary of the job a ``Job.to_dict()`` defines; ReportError naming the closest job otherwise."""
+    h = recompute_job_hash(job)
+    hit = [s for s in summaries if s.job_hash == h]
+    if hit:
+        return hit
+    label = job.get("name", "unnamed")
+    if not summaries:
+        raise ReportError(f"no runs of job {label!r} ({h}) in {where}")
+    closest = min(summaries, key=lambda s: (len(job_diff(job, s.job)), s.job_hash))
+    diff = "; ".join(job_diff(job, closest.job)) or "no field differs"
+    raise ReportError(f"no runs of job {label!r} ({h}) in {where}: runs belong to different jobs (closest is "
+                      f"{closest.job_hash} '{closest.name}': {diff}); compare one job at a time with "
+                      f"--job-hash {closest.job_hash}")
+
+
+def select_jobs(summaries: Sequence[S], *, job_hash: str | None = None,
+                compare: Sequence[str] | None = None, job: Mapping[str, Any] | None = None,
+                where: str = "the results") -> list[S]:
+    """The jobs to report: all of them (default), one by hash (a unique prefix is enough), the job of a
+    ``Job.to_dict()``, or ``compare`` = two hashes, which must name the same job. ReportError otherwise."""
+    if sum(x is not None for x in (job_hash, compare, job)) > 1:
+        raise ReportError("use only one of --job-hash, --job and --compare")
+    if job_hash is not None:
+        return [_resolve(summaries, job_hash, where)]
+    if compare is not None:
+        if len(compare) != 2:
+            raise ReportError(f"--compare takes two job hashes, got {len(compare)}")
+        a, b = (_resolve(summaries, h, where) for h in compare)
+        if a.job_hash != b.job_hash:
+            raise ReportError(different_jobs_message(a, b))
+        return [a]
+    if job is not None:
+        return _job_of_file(summaries, job, where)
+    return list(summaries)

@@ -1,5 +1,5 @@
 """The question users bring: can this job leave Horovod for native MultiWorkerMirroredStrategy? One table per job
-(``registry.RATIO``'s two backends), after the verdict, rendered in report.md, report.html and ``migration.csv``:
+(``registry.MIGRATION``), after the verdict, rendered in report.md, report.html and ``migration.csv``:
 whether both compute the same math, whether the job scales exactly and whether Keras ``fit`` and the custom loop
 agree (a ``common.check`` result found in the results directories, else "not checked", naming any check of other
 code of the same job name), throughput per size with its interval and the verdict's words, time to target, peak
@@ -26,16 +26,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.core import registry
 from common.report.base import NA, md_escape, warn
 from common.report.document import Block, Heading, Para, Table
 from common.report.load import result_files
-from common.report.summary import RATIO_DEN, RATIO_NUM, JobSummary, RatioRow, Row, gpu_run, memory_text
+from common.report.summary import JobSummary, RatioRow, Row, gpu_run, memory_text, pair_ratios
 from common.report.verdict import speed
 
 CHECK_KIND = "check"
 CHECK_FILE = "check.json"  # what common.check --results DIR would write as DIR/check.json (check_summary)
 CHECK_SCHEMA = 2  # 2: one answer per question (questions); 1: the status and last line only
 MIGRATION_CSV = "migration.csv"
+# The question is leaving Horovod for native MWMS, the registry's MIGRATION role, not any compared pair (``--pair``):
+# its rows are those two backends' own (Horovod's constructs not carried over, the horovod and horovod_patch versions,
+# common.check's native vs Horovod answers, MWMS's needs), so another pair would get answers it never asked.
+LEAVE = registry.MIGRATION
+FROM, TO = LEAVE  # the backend left (the ratio's numerator), the one moved to
 # Job keys that say how long a run is, how it is measured or evaluated, or what it is called: a check of the job
 # with other values of these checked the same step (common.check runs few steps, in both modes, at b and 2b).
 PROTOCOL_KEYS = ("name", "pythonpath", "steps", "epochs", "steps_per_epoch", "mode", "timing_warmup_steps",
@@ -266,12 +272,12 @@ def needs(s: JobSummary) -> tuple[str, str]:
     """What each backend needs installed, from its records' versions: TensorFlow alone for native MWMS (part of
     it), a Horovod build for that TensorFlow on top."""
     runs = s.records
-    tf = _version(runs, RATIO_DEN, "tensorflow") or NA
-    keras = _version(runs, RATIO_DEN, "tf_keras")
+    tf = _version(runs, TO, "tensorflow") or NA
+    keras = _version(runs, TO, "tf_keras")
     native = f"TensorFlow {tf}" + (f" (with tf-keras {keras})" if keras else "") + \
         ": MultiWorkerMirroredStrategy is part of TensorFlow, nothing else"
-    hvd, patch = _version(runs, RATIO_NUM, "horovod"), _version(runs, RATIO_NUM, "horovod_patch")
-    tf_h = _version(runs, RATIO_NUM, "tensorflow") or NA
+    hvd, patch = _version(runs, FROM, "horovod"), _version(runs, FROM, "horovod_patch")
+    tf_h = _version(runs, FROM, "tensorflow") or NA
     build = f"the same, plus Horovod {hvd or NA} compiled against TensorFlow {tf_h}"
     if patch and patch not in ("none", "unknown"):
         build += f" (its sdist patched: {patch})"
@@ -302,7 +308,7 @@ def _ttt(r: Row) -> str:
 
 def _per_size(s: JobSummary) -> list[list[str]]:
     """Throughput (with the verdict's words), time to target and memory, per size where both backends ran."""
-    pairs = [(q, d, n) for q in s.ratios if (d := q.den_row) is not None and (n := q.num_row) is not None]
+    pairs = [(q, d, n) for q in pair_ratios(s, LEAVE) if (d := q.den_row) is not None and (n := q.num_row) is not None]
 
     def ips(r: Row) -> str:
         return f"{r.throughput.median:.1f} {r.throughput.interval.text() if r.throughput.interval else 'no interval'}"
@@ -316,7 +322,7 @@ def _per_size(s: JobSummary) -> list[list[str]]:
     return body
 
 
-HEADER = ("question", f"{RATIO_DEN} (MultiWorkerMirroredStrategy)", RATIO_NUM, f"{RATIO_NUM} vs {RATIO_DEN}")
+HEADER = ("question", f"{TO} (MultiWorkerMirroredStrategy)", FROM, f"{FROM} vs {TO}")
 NOTE = ("Same math: common.check's comparison of per-step losses, final weights and validation of native against "
         "Horovod at each size and mode (1e-5); whether 1 worker x 2b equals 2 workers x b, and fit the custom loop, "
         "are rows of their own (a job can leave Horovod whatever they say: both backends share them). Throughput: "
@@ -342,5 +348,5 @@ def migration_part(summaries: Sequence[JobSummary], checks: Sequence[CheckResult
                    Table(HEADER, tuple(tuple(r) for r in body), csv=MIGRATION_CSV, key=(s.job_hash, s.name))]
     if not blocks:
         return []
-    return [Heading(f"Can this job leave {RATIO_NUM} for {RATIO_DEN} MultiWorkerMirroredStrategy?", 2),
+    return [Heading(f"Can this job leave {FROM} for {TO} MultiWorkerMirroredStrategy?", 2),
             *blocks, Para(NOTE, note=True)]

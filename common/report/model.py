@@ -240,8 +240,9 @@ def difference_sentence(a_runs: Sequence[BreakdownRecord], b_runs: Sequence[Brea
             "difference).")
 
 
-def breakdown_part(cells: Sequence[BreakdownCell], image: str | None = None) -> list[Block]:
-    """One job's breakdowns: method, table, one sentence per world size, the plot."""
+def breakdown_part(cells: Sequence[BreakdownCell], image: str | None = None,
+                   pairs: Sequence[registry.Pair] = registry.PAIRS) -> list[Block]:
+    """One job's breakdowns: method, table, one sentence per compared pair and world size, the plot."""
     rec0 = cells[0].rec
     f = fmt_num
     body = []
@@ -263,11 +264,10 @@ def breakdown_part(cells: Sequence[BreakdownCell], image: str | None = None) -> 
         Para("comm / allreduce bench: comm against the allreduce microbenchmark's median time for one tensor of the "
              "gradient bytes (log-log interpolated between its sizes; n/a outside them or without a benchmark at "
              "that world size); a step's gradients are several tensors, the benchmark's one.")]
-    num_b, den_b = registry.RATIO
     by_n: dict[int, dict[str, tuple[BreakdownRecord, ...]]] = {}
     for c in cells:
         by_n.setdefault(c.rec.world_size, {})[c.rec.backend] = c.repeats
-    sentences = [difference_sentence(v[num_b], v[den_b]) for _, v in sorted(by_n.items())
+    sentences = [difference_sentence(v[num_b], v[den_b]) for num_b, den_b in pairs for _, v in sorted(by_n.items())
                  if num_b in v and den_b in v]
     if sentences:
         out.append(Bullets(tuple(f"{s[0].upper()}{s[1:]}" for s in sentences)))

@@ -143,7 +143,7 @@ def format_csv(summaries: Sequence[JobSummary], columns: Sequence[doc.Column] | 
     """report.csv: one row per job x scaling-table row; an empty cell means n/a."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(doc.csv_header(columns))
+    w.writerow(doc.csv_header(columns, summaries[0].pairs[0]) if summaries else doc.csv_header(columns))
     for s in summaries:
         for r in s.rows:
             w.writerow([_csv_cell(x) for x in doc.csv_values(s, r, columns)])
@@ -179,8 +179,9 @@ def format_table(summary: JobSummary) -> str:
 
 
 def format_ratio_table(summary: JobSummary) -> str:
-    """registry.RATIO median throughput per world size in Markdown."""
-    return _md_block(doc.with_unit(doc.ratio_table(summary), summary.unit))
+    """Each compared pair's median throughput ratio per world size in Markdown, one table a pair."""
+    return "\n\n".join(_md_block(doc.with_unit(doc.ratio_table(summary, pair), summary.unit))
+                       for pair in summary.pairs)
 
 
 def format_section(summary: JobSummary, results_dir: Path | None = None) -> str:

@@ -4,9 +4,10 @@ figures from its repeats' records: throughput, step times, input wait, validatio
 time-to-train idea, and the final validation numbers, from ``RunRecord.evaluations`` and ``time_to_target_s``) and
 what the runs cost besides time (peak memory per rank, GPU energy over the timed steps, ``RunRecord.energy``, and
 GPU-hours; energy and GPU-hours only for runs on GPUs: absent, never zero, on a CPU); the speedups, the backend
-ratios and the notes under the tables (repeats, batch sizes, weights, versions, variants, collectives, input wait,
-layouts); and which summaries are reported (all, one by hash, the job of a file, or two hashes that must name the
-same job, refusing different jobs by the fields that differ, and mixed software versions).
+ratios (each compared pair, ``registry.Pair``: numerator / denominator median throughput per world size; the
+registry's ``PAIRS`` unless others are asked for, the first the headline) and the notes the figures give (repeats,
+collectives, missing baselines and sides). The notes the records give are common.report.notes'; which summaries are
+reported, common.report.load's.
 
 Memory: the TensorFlow allocator's peak on the rank's GPU when a rank recorded one (``machine`` block,
 ``memory.peak_gpu_bytes``), else the process's peak resident set (``memory.peak_rss_bytes``, host memory)."""
@@ -27,17 +28,13 @@ from common.core import registry
 from common.core.results import EVALUATION_META, RunRecord
 from common.report.base import (
     IMAGES,
-    MISSING,
     NA,
     NO_INTERVAL,
     SAMPLES,
-    MixedVersionsError,
-    ReportError,
-    fmt_value,
-    warn,
 )
-from common.report.load import LoadedRun, mix_message, recompute_job_hash, version_mix, versions_by_key
+from common.report.load import LoadedRun, version_mix
 from common.report.machines import MachineKey, machine_keys, nodes_text, stack_of
+from common.report.notes import run_notes
 from common.report.stats import (
     MIN_CI_RUNS,
     Interval,
@@ -47,8 +44,6 @@ from common.report.stats import (
     paired_t_interval,
     ratio_interval,
 )
-
-RATIO_NUM, RATIO_DEN = registry.RATIO  # numerator and denominator of the throughput ratio
 
 
 @dataclass(frozen=True)
@@ -144,7 +139,7 @@ class Scaling:
 
     speedup: float | None = None
     efficiency: float | None = None
-    ratio: float | None = None  # registry.RATIO at this world size, on both backends' rows
+    ratio: float | None = None  # the headline pair's ratio at this world size, on both of its rows
     ratio_ci: tuple[float, float] | None = None  # bootstrap 95% interval of ``ratio`` (stats.ratio_interval)
 
 
@@ -195,8 +190,10 @@ class Row:
 
 @dataclass
 class RatioRow:
-    """registry.RATIO (numerator / denominator median throughput) at one world size."""
+    """One compared pair (numerator / denominator median throughput) at one world size."""
 
+    num: str  # the numerator backend (its rows' plain label)
+    den: str  # the denominator backend
     world_size: int
     den_workers: int | None  # denominator's worker count (None: no denominator run here)
     num_workers: int | None  # numerator's worker count
@@ -230,6 +227,11 @@ class JobSummary:
     notes: list[str]
     runs: list[LoadedRun]
     version_mix: list[str] = field(default_factory=list)  # versions.version_mix(records): empty when consistent
+    pairs: tuple[registry.Pair, ...] = registry.PAIRS  # the compared pairs, in ``ratios``' order; the first headlines
+
+    def ratios_of(self, pair: registry.Pair) -> list[RatioRow]:
+        """The ratio rows of one pair (by world size); [] when it was not compared."""
+        return [q for q in self.ratios if (q.num, q.den) == pair]
 
     @property
     def backends(self) -> list[str]:
@@ -517,11 +519,11 @@ def _speedups(rows: list[Row], notes: list[str]) -> None:
                                 efficiency=r.throughput.median / (r.identity.world_size * base.throughput.median))
 
 
-def _pairs(rows: list[Row], ws: int) -> list[tuple[Row | None, Row | None]]:
-    """(denominator row, numerator row) at one world size, never across hardware; several rows (worker counts,
-    node counts) pair equal ones only."""
-    den = [r for r in rows if r.identity.plain == RATIO_DEN and r.identity.world_size == ws]
-    nom = [r for r in rows if r.identity.plain == RATIO_NUM and r.identity.world_size == ws]
+def _pairs(rows: list[Row], ws: int, pair: registry.Pair) -> list[tuple[Row | None, Row | None]]:
+    """(denominator row, numerator row) of ``pair`` at one world size, never across hardware; several rows (worker
+    counts, node counts) pair equal ones only."""
+    den = [r for r in rows if r.identity.plain == pair[1] and r.identity.world_size == ws]
+    nom = [r for r in rows if r.identity.plain == pair[0] and r.identity.world_size == ws]
     if len(den) <= 1 and len(nom) <= 1 and (not den or not nom or den[0].machine.hardware == nom[0].machine.hardware):
         return [(den[0] if den else None, nom[0] if nom else None)]
     return [(next((r for r in den if r.pair_key == k), None), next((r for r in nom if r.pair_key == k), None))
@@ -554,10 +556,11 @@ def _pairing(d: Row, n: Row) -> tuple[str | None, list[tuple[float, float]]]:
     return ("every round" if rounds and pairs else "some rounds" if pairs else "no"), pairs
 
 
-def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow:
-    """The ratio at one world size of a pair of rows, set on both rows too. Runs in rounds on the same nodes give
-    the paired t interval (every round paired, at least 3), others the two cells' independent resamples (6 runs a
-    cell)."""
+def _ratio_row(pair: registry.Pair, ws: int, d: Row | None, n: Row | None, several: bool,
+               headline: bool) -> RatioRow:
+    """The ratio at one world size of a pair of rows, set on both rows too when it is the headline pair (what
+    report.csv's ratio column holds). Runs in rounds on the same nodes give the paired t interval (every round
+    paired, at least 3), others the two cells' independent resamples (6 runs a cell)."""
     ratio = n.throughput.median / d.throughput.median if d and n else None
     same, pairs = _pairing(d, n) if d and n else (None, [])
     paired = same == "every round"  # the paired interval needs 3 rounds, the unpaired one 6 runs a cell
@@ -567,10 +570,10 @@ def _ratio_row(ws: int, d: Row | None, n: Row | None, several: bool) -> RatioRow
             ratio = math.sqrt(ci[0] * ci[1])
     else:
         ci = ratio_interval(n.throughput.ips, d.throughput.ips) if d and n else None
-    for r in (d, n):
+    for r in (d, n) if headline else ():
         if r is not None:
             r.scaling = replace(r.scaling, ratio=ratio, ratio_ci=ci)
-    return RatioRow(ws, d.identity.num_workers if d else None, n.identity.num_workers if n else None,
+    return RatioRow(*pair, ws, d.identity.num_workers if d else None, n.identity.num_workers if n else None,
                     d.throughput.median if d else None, n.throughput.median if n else None, ratio,
                     machine=_pair_machine(d, n, several), ratio_ci=ci,
                     layout=" / ".join(dict.fromkeys(r.identity.layout for r in (d, n) if r is not None)),
@@ -588,43 +591,46 @@ def collectives_caveat(den: Row, num: Row) -> str | None:
         return None
     if (dc == "nccl") == (nc == "nccl"):
         return None
-    return f"{RATIO_DEN} {dc} vs {RATIO_NUM} {nc} on GPUs"
+    return f"{den.identity.plain} {dc} vs {num.identity.plain} {nc} on GPUs"
 
 
 def _pair_note(ws: int, d: Row, n: Row) -> str | None:
     """Why a pair's ratio compares different topologies, node counts or layouts, or None."""
     di, ni = d.identity, n.identity
+    den, num = di.plain, ni.plain
     if di.num_workers != ni.num_workers:
-        return (f"at world size {ws} the backends ran different topologies ({RATIO_DEN}: {di.num_workers} "
-                f"worker(s), {RATIO_NUM}: {ni.num_workers} worker(s)); the ratio compares them as they ran")
+        return (f"at world size {ws} the backends ran different topologies ({den}: {di.num_workers} "
+                f"worker(s), {num}: {ni.num_workers} worker(s)); the ratio compares them as they ran")
     if d.machine.nodes != n.machine.nodes and None not in (d.machine.nodes, n.machine.nodes):
-        return (f"at world size {ws} the backends ran on different node counts ({RATIO_DEN}: {d.machine.nodes}, "
-                f"{RATIO_NUM}: {n.machine.nodes}); the ratio compares them as they ran")
+        return (f"at world size {ws} the backends ran on different node counts ({den}: {d.machine.nodes}, "
+                f"{num}: {n.machine.nodes}); the ratio compares them as they ran")
     if di.layout != ni.layout:
-        return (f"at world size {ws} the backends ran different layouts (nodes x ranks per node; {RATIO_DEN}: "
-                f"{di.layout}, {RATIO_NUM}: {ni.layout}); the ratio compares them as they ran")
+        return (f"at world size {ws} the backends ran different layouts (nodes x ranks per node; {den}: "
+                f"{di.layout}, {num}: {ni.layout}); the ratio compares them as they ran")
     return None
 
 
-def _ratios(rows: list[Row], notes: list[str]) -> list[RatioRow]:
-    """The registry.RATIO throughput ratio per world size, set on both rows too; notes on what is missing."""
+def _ratios(rows: list[Row], notes: list[str], pair: registry.Pair, headline: bool = True) -> list[RatioRow]:
+    """The pair's throughput ratio per world size (set on both rows too for the headline pair); notes on what is
+    missing."""
+    num, den = pair
     names = order_backends(r.identity.plain for r in rows)
     several = any(r.machine.label for r in rows)
     ratios: list[RatioRow] = []
-    missing = [b for b in (RATIO_DEN, RATIO_NUM) if b not in names]
+    missing = [b for b in (den, num) if b not in names]
     if missing:
         present = ", ".join(names) or "none"
         notes.append(f"no {' or '.join(missing)} runs for this job (backends present: {present}), so the "
-                     f"{RATIO_NUM}/{RATIO_DEN} ratio is {NA}")
+                     f"{num}/{den} ratio is {NA}")
     lone_sizes: dict[str, list[int]] = {}  # backend -> world sizes only it ran (ratio n/a there)
     for ws in sorted({r.identity.world_size for r in rows}):
-        for d, n in _pairs(rows, ws):
+        for d, n in _pairs(rows, ws, pair):
             if d is None and n is None:  # only other backends ran at this world size
                 continue
-            q = _ratio_row(ws, d, n, several)
+            q = _ratio_row(pair, ws, d, n, several, headline)
             ratios.append(q)
             if q.caveat:
-                notes.append(f"at world size {ws} the {RATIO_NUM}/{RATIO_DEN} ratio is not like for like "
+                notes.append(f"at world size {ws} the {num}/{den} ratio is not like for like "
                              f"({q.caveat}): it compares the collectives as much as the backends")
             lone = d if n is None else n if d is None else None
             if not missing and lone is not None:
@@ -633,11 +639,38 @@ def _ratios(rows: list[Row], notes: list[str]) -> list[RatioRow]:
                 notes.append(note)
     for b, sizes in lone_sizes.items():
         listed = ", ".join(str(x) for x in dict.fromkeys(sizes))
-        notes.append(f"{RATIO_NUM}/{RATIO_DEN} ratio is {NA} at world size {listed}: only {b} ran there")
+        notes.append(f"{num}/{den} ratio is {NA} at world size {listed}: only {b} ran there")
     return ratios
 
 
-def _summarize_job(job_hash: str, runs: list[LoadedRun]) -> JobSummary:
+def pair_ratios(s: JobSummary, pair: registry.Pair) -> list[RatioRow]:
+    """The ratio rows of ``pair`` in the job: the summary's own when it compared that pair, else computed now (its
+    rows' figures untouched, its notes dropped): a section that asks one fixed question (common.report.migrate)
+    reads its pair whatever the report compared."""
+    return s.ratios_of(pair) if pair in s.pairs else _ratios(s.rows, [], pair, headline=False)
+
+
+def _row_notes(rows: list[Row], notes: list[str]) -> None:
+    """Notes on rows of a single repeat or of too few for an interval, repeats that used different collectives, and
+    rows whose ranks all got the same first batches."""
+    if any(r.throughput.repeats == 1 for r in rows):
+        notes.append(f"rows with a single repeat show \"{NO_INTERVAL}\"; repeat those runs to get an interval")
+    if any(1 < r.throughput.repeats < MIN_CI_RUNS for r in rows):
+        notes.append(f"rows with 2-{MIN_CI_RUNS - 1} repeats show their range (min-max), not a confidence interval: "
+                     f"a 95% interval of the median needs at least {MIN_CI_RUNS} repeats")
+    for row in rows:
+        if row.facts.collective and "," in row.facts.collective:
+            notes.append(f"{row.identity.label} at {row.identity.world_size} replicas: its repeats used different "
+                         f"collectives ({row.facts.collective}); pin one (native --comm) to compare like with like")
+    for row in rows:
+        if row.facts.same_batches:
+            notes.append(f"{row.identity.label} at {row.identity.world_size} replicas: in {row.facts.same_batches} "
+                         f"of {row.throughput.repeats} repeat(s) every rank got the same first batches (the input "
+                         "function's fingerprints, input.pipeline): it does not shard by "
+                         "input_context.input_pipeline_id, so the workers trained on the same data")
+
+
+def _summarize_job(job_hash: str, runs: list[LoadedRun], pairs: tuple[registry.Pair, ...]) -> JobSummary:
     recs = [r.record for r in runs]
     names = Counter(str(r.job.get("name", "unnamed")) for r in recs)
     name = names.most_common(1)[0][0]
@@ -648,14 +681,15 @@ def _summarize_job(job_hash: str, runs: list[LoadedRun]) -> JobSummary:
                      "only, the job hash is identical")
     rows = _rows(runs)
     _speedups(rows, notes)
-    ratios = _ratios(rows, notes)
-    run_notes(job, runs, rows, notes)
+    ratios = [q for i, pair in enumerate(pairs) for q in _ratios(rows, notes, pair, headline=i == 0)]
+    _row_notes(rows, notes)
+    notes += run_notes(job, runs, row_label)
     windows = sorted({int(w) for r in recs if isinstance(w := r.step_time.get("window_steps"), int) and w > 1})
     if windows:
         notes.append(f"step p50 / p95 are per-window: the host read the device every {' or '.join(map(str, windows))}"
                      " steps (job key sync_every_steps), so each value is the mean step time of such a window; "
                      "sync_every_steps = 1 gives per-step times at the price of a host sync per step")
-    return JobSummary(job_hash, name, job, rows, ratios, notes, runs, _version_mix_per_stack(recs))
+    return JobSummary(job_hash, name, job, rows, ratios, notes, runs, _version_mix_per_stack(recs), pairs)
 
 
 def _version_mix_per_stack(recs: Sequence[RunRecord]) -> list[str]:
@@ -667,239 +701,14 @@ def _version_mix_per_stack(recs: Sequence[RunRecord]) -> list[str]:
     return list(dict.fromkeys(m for group in stacks.values() for m in version_mix(group)))
 
 
-def summarize(runs: Iterable[LoadedRun | RunRecord | Mapping[str, Any]]) -> list[JobSummary]:
+def summarize(runs: Iterable[LoadedRun | RunRecord | Mapping[str, Any]],
+              pairs: Sequence[registry.Pair] = registry.PAIRS) -> list[JobSummary]:
     """One JobSummary per job_hash (sorted by job name, then hash); runs of different jobs are never mixed. A run
-    may be loaded (load_runs), a record, or a parsed results JSON (read as a record, older schemas upgraded)."""
+    may be loaded (load_runs), a record, or a parsed results JSON (read as a record, older schemas upgraded).
+    ``pairs``: the backend pairs compared (numerator, denominator), the first the headline."""
     groups: dict[str, list[LoadedRun]] = {}
     for r in runs:
         run = LoadedRun.of(r)
         groups.setdefault(run.record.job_hash, []).append(run)
-    out = [_summarize_job(h, rs) for h, rs in groups.items()]
+    out = [_summarize_job(h, rs, tuple(pairs)) for h, rs in groups.items()]
     return sorted(out, key=lambda s: (s.name, s.job_hash))
-
-
-# -- the notes under a job's tables ------------------------------------------------------------------------------------
-def run_notes(job: Mapping[str, Any], runs: Sequence[LoadedRun], rows: list[Row], notes: list[str]) -> None:
-    """Notes on single repeats, inconsistent batch sizes or weights, and differing software versions."""
-    if any(r.throughput.repeats == 1 for r in rows):
-        notes.append(f"rows with a single repeat show \"{NO_INTERVAL}\"; repeat those runs to get an interval")
-    if any(1 < r.throughput.repeats < MIN_CI_RUNS for r in rows):
-        notes.append(f"rows with 2-{MIN_CI_RUNS - 1} repeats show their range (min-max), not a confidence interval: "
-                     f"a 95% interval of the median needs at least {MIN_CI_RUNS} repeats")
-    per_replica = num(job.get("per_replica_batch_size"))
-    for run in runs:
-        r, gb = run.record, run.record.global_batch_size
-        if per_replica and isinstance(gb, int) and gb != per_replica * r.world_size:
-            where = run.path or r.run_id or "?"
-            notes.append(f"{where}: global_batch_size {gb} is not per_replica_batch_size "
-                         f"{int(per_replica)} x world_size {r.world_size}")
-    records = [run.record for run in runs]
-    bad_weights = [r for r in records if r.weights_consistent is False]
-    if bad_weights:
-        notes.append(f"{len(bad_weights)} run(s) ended with different weights on different ranks "
-                     "(weights_consistent = false): their replicas did not train in lockstep")
-    differing = [k for k, vals in versions_by_key(records).items() if len(vals) > 1]
-    if differing:
-        notes.append(f"software versions differ across runs ({', '.join(differing)}): see Environment")
-    _variant_notes(records, notes)
-    for row in rows:
-        if row.facts.collective and "," in row.facts.collective:
-            notes.append(f"{row.identity.label} at {row.identity.world_size} replicas: its repeats used different "
-                         f"collectives ({row.facts.collective}); pin one (native --comm) to compare like with like")
-    _input_notes(records, notes)
-    _layout_notes(runs, notes)
-    for row in rows:
-        if row.facts.same_batches:
-            notes.append(f"{row.identity.label} at {row.identity.world_size} replicas: in {row.facts.same_batches} "
-                         f"of {row.throughput.repeats} repeat(s) every rank got the same first batches (the input "
-                         "function's fingerprints, input.pipeline): it does not shard by "
-                         "input_context.input_pipeline_id, so the workers trained on the same data")
-
-
-def _variant_notes(records: Sequence[RunRecord], notes: list[str]) -> None:
-    """Why asynchronous runs, other strategies and other tuning knobs have rows of their own."""
-    for label in dict.fromkeys(row_label(r) for r in records if r.asynchronous is True):
-        notes.append(f"{label}: asynchronous training (workers update the parameter servers without waiting for "
-                     "each other), so its per-step losses are not those of the synchronous runs: it is in no parity "
-                     f"claim and not in the {RATIO_NUM}/{RATIO_DEN} ratio; compare its throughput and final loss "
-                     "only (its speedup is against its own 1-worker run)")
-    for label in dict.fromkeys(row_label(r) for r in records if r.asynchronous is not True and r.strategy):
-        notes.append(f"{label}: rows of their own (a variant of the backend that changes the math or the schedule, "
-                     f"e.g. another tf.distribute strategy); not in the {RATIO_NUM}/{RATIO_DEN} ratio, speedup "
-                     "against its own 1-replica run")
-    for label in dict.fromkeys(row_label(r) for r in records if r.asynchronous is not True
-                               and not r.strategy and r.tuning_variant):
-        notes.append(f"{label}: rows of their own (tuning knobs not at their defaults, see each run's tuning); "
-                     f"not in the {RATIO_NUM}/{RATIO_DEN} ratio of the defaults (see Best vs best), speedup against "
-                     "its own 1-replica run")
-
-
-def _inputs(records: Sequence[RunRecord]) -> list[tuple[RunRecord, Mapping[str, Any]]]:
-    """(record, its ``input`` block) of the records that have one."""
-    return [(r, r.input) for r in records if isinstance(r.input, Mapping)]
-
-
-def _input_notes(records: Sequence[RunRecord], notes: list[str]) -> None:
-    """What the input-wait column measures (once), and why some rows have none."""
-    inputs = [i for _, i in _inputs(records)]
-    methods = {i.get("method") for i in inputs} - {None}
-    if methods:
-        threshold = next((num(i.get("threshold")) for i in inputs if num(i.get("threshold")) is not None), None)
-        line = f"below {100 * threshold:g}% kept up; " if threshold is not None else ""
-        notes.append("input wait: the share of its timed wall time the slowest rank spent waiting for the next "
-                     "batch, median over repeats, timed on the device during the run; " + line + "from 20% highly "
-                     "input-bound (TensorFlow Profiler's lines)"
-                     + ("; custom-loop rows time the fetch itself" if "fetch" in methods else "")
-                     + ("; fit rows show \"input + between steps\": Keras fetches the batch out of reach, so theirs "
-                        "is the time from the end of one step to the next batch being available, Keras' host work "
-                        "between steps included (an upper bound of the input wait, so never called input-bound)"
-                        if "gap" in methods else ""))
-    for reason, labels in _not_measured(records).items():
-        notes.append(f"{', '.join(labels)}: input wait not measured ({reason})")
-    _input_path_note(records, notes)
-
-
-def _input_path_note(records: Sequence[RunRecord], notes: list[str]) -> None:
-    """One line when the backends were fed through different input paths (RunRecord.input.path)."""
-    paths: dict[str, set[str]] = {}
-    for r, i in _inputs(records):
-        if isinstance(i.get("path"), str):
-            paths.setdefault(row_label(r), set()).add(i["path"])
-    if len(set().union(*paths.values()) if paths else set()) > 1:
-        fed = "; ".join(f"{label}: {', '.join(sorted(p))}" for label, p in paths.items())
-        notes.append(f"the backends were fed differently ({fed}): \"per-worker\" = each process's own tf.data "
-                     "iterator into the step, \"distributed\" = tf.distribute's distributed input (a "
-                     "MultiDeviceIterator), which cost native about half its CPU throughput on a real CNN "
-                     "(docs/findings.md)")
-
-
-def _not_measured(records: Sequence[RunRecord]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for r, i in _inputs(records):
-        if not i.get("method") and i.get("reason"):
-            labels = out.setdefault(str(i["reason"]), [])
-            if row_label(r) not in labels:
-                labels.append(row_label(r))
-    return out
-
-
-def _layout_notes(runs: Sequence[LoadedRun], notes: list[str]) -> None:
-    """Per backend and world size run in several layouts (1x2 and 2x1): did the layouts compute the same losses, and
-    if not, from which step, by how much, and whether their ranks' intra-op thread counts differ (TensorFlow splits
-    a reduction over its threads, so another count rounds differently: the usual cause)."""
-    by: dict[tuple[str, int], dict[str, RunRecord]] = {}
-    for run in runs:
-        r = run.record
-        if r.step_losses:
-            by.setdefault((str(r.backend), r.world_size), {}).setdefault(run.layout.text, r)
-    for (backend, ws), layouts in sorted(by.items()):
-        if len(layouts) < 2:
-            continue
-        (first, a), *others = sorted(layouts.items())
-        for name, b in others:
-            pair = f"{backend} at {ws} replicas: layouts {first} and {name}"
-            la, lb = list(a.step_losses or []), list(b.step_losses or [])
-            step = next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y), None)
-            if step is None and len(la) == len(lb):
-                notes.append(f"{pair} computed the same losses, bit for bit ({len(la)} steps)")
-                continue
-            if step is None:
-                notes.append(f"{pair} ran different numbers of steps ({len(la)}, {len(lb)}): losses not compared")
-                continue
-            ta, tb = (x.backend_info.get("threads_per_process") if isinstance(x.backend_info, Mapping) else None
-                      for x in (a, b))
-            why = (f"; their ranks ran {ta} and {tb} intra-op threads (from the cores per rank on a host): a sum split "
-                   "over another number of threads rounds differently, and `--threads N` on both computes the same "
-                   "math (docs/parity.md)") if ta != tb else \
-                "; with the same thread count the cause is elsewhere (an op's placement or algorithm per layout)"
-            notes.append(f"{pair} computed different losses from step {step} ({la[step]:.8g} vs {lb[step]:.8g}; final "
-                         f"{la[-1]:.4g} vs {lb[-1]:.4g}){why}")
-
-
-# -- selection: which jobs are reported, refusing to compare different jobs or mixed versions --------------------------
-def check_versions(summaries: Sequence[JobSummary], *, allow_mixed: bool,
-                   warn: Callable[[str], None] = warn) -> None:
-    """Refuse (MixedVersionsError, the first such job) a comparison whose runs mix software versions, or, when
-    ``allow_mixed``, warn once per such job."""
-    for s in summaries:
-        if s.version_mix:
-            msg = mix_message(s.name, s.job_hash, s.version_mix)
-            if not allow_mixed:
-                raise MixedVersionsError(f"{msg}; pass --allow-mixed-versions to compare them anyway")
-            warn(f"{msg}; compared anyway (--allow-mixed-versions)")
-
-
-
-def job_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """``"field: a vs b"`` for every hashed job field that differs, in the Job's declared field order."""
-    try:
-        from common.workload.job import FIELDS  # stdlib-only module: field order for a readable diff
-
-        order = [k for k in FIELDS if k in a or k in b]
-    except ImportError:  # the report copied elsewhere without the rest of twinbench
-        order = []
-    keys = order + sorted((set(a) | set(b)) - set(order))
-    return [f"{k}: {fmt_value(a.get(k, MISSING))} vs {fmt_value(b.get(k, MISSING))}"
-            for k in keys if k != "name" and a.get(k, MISSING) != b.get(k, MISSING)]
-
-
-def different_jobs_message(a: JobSummary, b: JobSummary) -> str:
-    """The one-line refusal naming the job fields that differ between two jobs."""
-    diff = job_diff(a.job, b.job) or [f"job fields identical but recorded hashes differ "
-                                      f"({a.job_hash} vs {b.job_hash}): results written by different "
-                                      "twinbench versions?"]
-    return (f"runs belong to different jobs ({'; '.join(diff)}); compare one job at a time with "
-            f"--job-hash {a.job_hash} or --job-hash {b.job_hash}")
-
-
-def _jobs_present(summaries: Sequence[JobSummary]) -> str:
-    return ", ".join(f"{s.job_hash} ({s.name}, {len(s.runs)} runs)" for s in summaries) or "none"
-
-
-def _resolve(summaries: Sequence[JobSummary], wanted: str, where: str) -> JobSummary:
-    key = wanted.strip().lower()
-    exact = [s for s in summaries if s.job_hash == key]
-    hits = exact or ([s for s in summaries if s.job_hash.startswith(key)] if key else [])
-    if not hits:
-        raise ReportError(f"no runs with job hash {wanted!r} in {where}; jobs present: {_jobs_present(summaries)}")
-    if len(hits) > 1:
-        raise ReportError(f"job hash prefix {wanted!r} matches {len(hits)} jobs in {where}: {_jobs_present(hits)}; "
-                          "give more digits")
-    return hits[0]
-
-
-def _job_of_file(summaries: Sequence[JobSummary], job: Mapping[str, Any], where: str) -> list[JobSummary]:
-    """The summary of the job a ``Job.to_dict()`` defines; ReportError naming the closest job otherwise."""
-    h = recompute_job_hash(job)
-    hit = [s for s in summaries if s.job_hash == h]
-    if hit:
-        return hit
-    label = job.get("name", "unnamed")
-    if not summaries:
-        raise ReportError(f"no runs of job {label!r} ({h}) in {where}")
-    closest = min(summaries, key=lambda s: (len(job_diff(job, s.job)), s.job_hash))
-    diff = "; ".join(job_diff(job, closest.job)) or "no field differs"
-    raise ReportError(f"no runs of job {label!r} ({h}) in {where}: runs belong to different jobs (closest is "
-                      f"{closest.job_hash} '{closest.name}': {diff}); compare one job at a time with "
-                      f"--job-hash {closest.job_hash}")
-
-
-def select_jobs(summaries: Sequence[JobSummary], *, job_hash: str | None = None,
-                compare: Sequence[str] | None = None, job: Mapping[str, Any] | None = None,
-                where: str = "the results") -> list[JobSummary]:
-    """The jobs to report: all of them (default), one by hash (a unique prefix is enough), the job of a
-    ``Job.to_dict()``, or ``compare`` = two hashes, which must name the same job. ReportError otherwise."""
-    if sum(x is not None for x in (job_hash, compare, job)) > 1:
-        raise ReportError("use only one of --job-hash, --job and --compare")
-    if job_hash is not None:
-        return [_resolve(summaries, job_hash, where)]
-    if compare is not None:
-        if len(compare) != 2:
-            raise ReportError(f"--compare takes two job hashes, got {len(compare)}")
-        a, b = (_resolve(summaries, h, where) for h in compare)
-        if a.job_hash != b.job_hash:
-            raise ReportError(different_jobs_message(a, b))
-        return [a]
-    if job is not None:
-        return _job_of_file(summaries, job, where)
-    return list(summaries)

@@ -27,8 +27,6 @@ from common.report.base import NA, in_unit, md_escape, plain
 from common.report.machines import binding_mix
 from common.report.stats import MIN_CI_RUNS, MIN_PAIRED_ROUNDS, NEEDS_RUNS, ratio_interval
 from common.report.summary import (
-    RATIO_DEN,
-    RATIO_NUM,
     JobSummary,
     RatioRow,
     Row,
@@ -80,7 +78,7 @@ def _runs(d: Row, n: Row, q: RatioRow | None = None) -> str:
         out = (f"{plural(q.pairs, 'round')}, paired: every round on the same nodes, t interval of the per-round "
                "ratios")
         return out + (f"; {plural(left, 'run')} without its pair left out" if left else "")
-    runs = f"{a} runs each" if a == b else f"{a} {RATIO_DEN} and {b} {RATIO_NUM} runs"
+    runs = f"{a} runs each" if a == b else f"{a} {d.identity.plain} and {b} {n.identity.plain} runs"
     return runs + ", bootstrap interval of the ratio of medians" if q is not None and q.ratio_ci else runs
 
 
@@ -88,14 +86,14 @@ def speed(q: RatioRow, d: Row, n: Row) -> str:
     """Which backend is faster and by how much, with the interval, or why it cannot say."""
     r = q.ratio
     assert r is not None  # both rows exist
-    fast, slow, by = (RATIO_NUM, RATIO_DEN, r) if r >= 1 else (RATIO_DEN, RATIO_NUM, 1 / r)
+    fast, slow, by = (q.num, q.den, r) if r >= 1 else (q.den, q.num, 1 / r)
     if q.ratio_ci is None:
         needs = f"needs {MIN_PAIRED_ROUNDS} paired rounds" if q.paired else NEEDS_RUNS
         return (f"{needs} to say ({_runs(d, n, q)}; by the medians alone {fast} is {lead(by)} faster than "
                 f"{slow}, not a verdict)")
     lo, hi = q.ratio_ci
     if lo <= 1 <= hi:
-        return (f"no significant difference ({RATIO_NUM}/{RATIO_DEN} {r:.3f} [{lo:.3f}, {hi:.3f}]) "
+        return (f"no significant difference ({q.num}/{q.den} {r:.3f} [{lo:.3f}, {hi:.3f}]) "
                 f"({_runs(d, n, q)})")
     low, high = (lo, hi) if r >= 1 else (1 / hi, 1 / lo)
     return f"{fast} is {lead(by)} faster than {slow} [{lead(low)}, {lead(high)}] ({_runs(d, n, q)})"
@@ -113,16 +111,17 @@ def _secs(seconds: float | None) -> str:
 
 def beside(d: Row, n: Row) -> list[str]:
     """Peak memory per rank, GPU energy per image and time to target, where the rows have them."""
+    den, num = d.identity.plain, n.identity.plain
     out = []
     md, mn = memory_text(d.resources), memory_text(n.resources)
     if md or mn:
-        out.append(f"peak memory per rank {RATIO_DEN} {md or 'n/a'}, {RATIO_NUM} {mn or 'n/a'}")
+        out.append(f"peak memory per rank {den} {md or 'n/a'}, {num} {mn or 'n/a'}")
     ed, en = d.resources.energy_per_image_j, n.resources.energy_per_image_j
     if ed is not None or en is not None:
-        out.append(f"GPU energy per image (GPU only) {RATIO_DEN} {_mj(ed)}, {RATIO_NUM} {_mj(en)}")
+        out.append(f"GPU energy per image (GPU only) {den} {_mj(ed)}, {num} {_mj(en)}")
     td, tn = d.validation.ttt, n.validation.ttt
     if d.validation.targeted or n.validation.targeted:
-        out.append(f"time to target {RATIO_DEN} {_secs(td)}, {RATIO_NUM} {_secs(tn)}")
+        out.append(f"time to target {den} {_secs(td)}, {num} {_secs(tn)}")
     return out
 
 
@@ -232,31 +231,34 @@ def caveats(s: JobSummary, q: RatioRow, d: Row, n: Row) -> list[str]:
             out.append(f"{r.identity.backend}'s ranks all got the same first batches in {r.facts.same_batches} of "
                        f"{r.throughput.repeats} run(s): its input function does not shard, every worker trained on "
                        "the same data")
-    network = nccl.mismatch(n.facts.nccl, d.facts.nccl, (RATIO_NUM, RATIO_DEN))  # IB on one side, sockets on the other
+    network = nccl.mismatch(n.facts.nccl, d.facts.nccl, (q.num, q.den))  # IB on one side, sockets on the other
     if network:
         out.append(network)
     if d.identity.layout != n.identity.layout or d.identity.num_workers != n.identity.num_workers:
-        out.append(f"different layouts ({RATIO_DEN} {d.identity.layout} with {d.identity.num_workers} workers, "
-                   f"{RATIO_NUM} {n.identity.layout} with {n.identity.num_workers})")
+        out.append(f"different layouts ({q.den} {d.identity.layout} with {d.identity.num_workers} workers, "
+                   f"{q.num} {n.identity.layout} with {n.identity.num_workers})")
     if s.version_mix:
         out.append(f"mixed software versions ({'; '.join(s.version_mix)})")
     if binding_mix(s.records):
         out.append("CPU binding differs between runs")
-    best = next((b for b in best_ratios(best_rows(s)) if (b.world_size, b.layout) == (q.world_size, q.layout)), None)
+    best = next((b for b in best_ratios(best_rows(s), (q.num, q.den))
+                 if (b.world_size, b.layout) == (q.world_size, q.layout)), None)
     if best is not None and best.best_ratio is not None and (best.den_best, best.num_best) != ("default", "default"):
-        out.append(f"tuned variants ran: best vs best {RATIO_NUM}/{RATIO_DEN} {best.best_ratio:.3f} "
-                   f"({RATIO_DEN} {best.den_best}, {RATIO_NUM} {best.num_best})")
+        out.append(f"tuned variants ran: best vs best {q.num}/{q.den} {best.best_ratio:.3f} "
+                   f"({q.den} {best.den_best}, {q.num} {best.num_best})")
     return out
 
 
 def job_verdicts(s: JobSummary) -> list[Verdict]:
-    """One verdict per layout (and machine) of the job's backend pairs, in the ratio table's order."""
+    """One verdict per compared pair and layout (and machine), in the ratio tables' order; with several pairs each
+    line names its pair."""
     out = []
     for q in s.ratios:
         d, n = q.den_row, q.num_row
         if d is None and n is None:
             continue
-        where = layout_words(d or n) + (f" on {q.machine}" if q.machine else "")
+        where = (f"{q.num} vs {q.den}, " if len(s.pairs) > 1 else "") + layout_words(d or n) \
+            + (f" on {q.machine}" if q.machine else "")
         if d is None or n is None:
             only = (d or n).identity.backend
             out.append(Verdict(s.job_hash, where, f"{where}: only {only} ran, no comparison"))
@@ -287,7 +289,7 @@ def like_for_like(s: JobSummary, q: RatioRow) -> str:
 
 def verdict_title(s: JobSummary) -> str:
     """The line introducing a job's verdicts (inline markup: the name and hash as code)."""
-    return f"`{md_escape(s.name)}` (`{s.job_hash}`), {RATIO_NUM} vs {RATIO_DEN}:"
+    return f"`{md_escape(s.name)}` (`{s.job_hash}`), {', '.join(f'{a} vs {b}' for a, b in s.pairs)}:"
 
 
 def verdict_lines(summaries: Sequence[JobSummary]) -> list[str]:
@@ -303,7 +305,7 @@ def verdict_lines(summaries: Sequence[JobSummary]) -> list[str]:
 
 VERDICT_NOTE = (f"Faster = higher images/s. When both backends ran in rounds on the same nodes (the demo's rounds, a "
                 f"sweep's with one allocation), the interval is paired: the 95% t interval of the geometric mean of "
-                f"the per-round {RATIO_NUM}/{RATIO_DEN} ratios, from {MIN_PAIRED_ROUNDS} rounds; otherwise the "
+                f"the per-round numerator/denominator ratios, from {MIN_PAIRED_ROUNDS} rounds; otherwise the "
                 f"bootstrap 95% interval of the ratio of medians (both cells resampled), from {MIN_CI_RUNS} runs a "
                 "cell. Shown as each side's lead; an interval containing 1 is no significant difference; fewer runs "
                 "give no interval, so no verdict. Peak memory per rank: the largest "
@@ -329,8 +331,8 @@ class BestRow:
 
 @dataclass(frozen=True)
 class BestRatio:
-    """``registry.RATIO`` at one world size and layout, of the defaults and of the fastest variants (None: a side is
-    missing)."""
+    """A compared pair's ratio at one world size and layout, of the defaults and of the fastest variants (None: a
+    side is missing)."""
 
     world_size: int
     layout: str
@@ -361,12 +363,13 @@ def best_rows(s: JobSummary) -> list[BestRow]:
     return out
 
 
-def best_ratios(cells: list[BestRow]) -> list[BestRatio]:
-    """The backend ratio at every world size and layout where both backends have rows (never across layouts)."""
+def best_ratios(cells: list[BestRow], pair: tuple[str, str]) -> list[BestRatio]:
+    """``pair``'s ratio (numerator, denominator) at every world size and layout where both backends have rows
+    (never across layouts)."""
     out = []
     for ws, layout in sorted(dict.fromkeys((c.world_size, c.layout) for c in cells)):
         by = {c.backend: c for c in cells if (c.world_size, c.layout) == (ws, layout)}
-        den, num = by.get(RATIO_DEN), by.get(RATIO_NUM)
+        den, num = by.get(pair[1]), by.get(pair[0])
         if den is None or num is None:
             continue
         default = num.default.throughput.median / den.default.throughput.median if num.default and den.default \
