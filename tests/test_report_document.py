@@ -224,3 +224,12 @@ def test_per_row_tables_share_the_scaling_tables_cells() -> None:
             if h in col:
                 assert [row[i] for row in t.body] == col[h], h
     assert col["time to target (s)"] == ["11.00"] * 4
+
+
+def test_html_cells_of_words_read_from_the_left_and_figures_align_right() -> None:
+    from common.report.render import html_table
+
+    row = ["same math", "yes: 2 pairs agree to 1e-05, bit for bit", "6949.6 [6480.4, 7363.9] min-max (n=4)"]
+    page = html_table(["question", "answer", "images/s"], [row])
+    assert '<td class="prose">yes: 2 pairs agree to 1e-05, bit for bit</td>' in page
+    assert "<td>6949.6 [6480.4, 7363.9] min-max (n=4)</td>" in page

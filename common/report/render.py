@@ -66,7 +66,7 @@ h1 { font-size: 1.6em; } h2 { font-size: 1.3em; border-bottom: 1px solid #ccc; m
 h3 { font-size: 1.1em; margin-top: 1.4em; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.6em 0; display: block; overflow-x: auto; }
 th, td { border: 1px solid #bbb; padding: 0.25em 0.4em; text-align: right; vertical-align: top; }
-th { background: #eef2f7; } td:first-child, th:first-child { text-align: left; }
+th { background: #eef2f7; } td:first-child, th:first-child, td.prose { text-align: left; }
 tr:nth-child(even) td { background: #fafafa; }
 .plots img { max-width: 100%; width: 620px; margin: 0.3em; border: 1px solid #ddd; }
 .model { background: #fff8e6; border-left: 4px solid #e0a800; padding: 0.2em 1em; }
@@ -76,6 +76,8 @@ code { background: #f3f3f3; padding: 0 0.2em; } .muted { color: #555; font-size:
 pre { background: #f3f3f3; padding: 0.5em; overflow-x: auto; }
 """
 _INLINE = re.compile(r"`([^`]*)`|\*\*(.+?)\*\*")  # a code span or bold text
+# Figures align right so their digits line up; a cell of several words (an answer, a cause) reads from the left.
+_PROSE = re.compile(r"[A-Za-z]{3,}[^|]* [A-Za-z]{3,}[^|]* [A-Za-z]{3,}")
 
 
 def esc(text: object) -> str:
@@ -96,8 +98,13 @@ def inline(text: str) -> str:
 def html_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     """An HTML table, every cell escaped."""
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
-    rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in body)
+    rows = "".join("<tr>" + "".join(f"<td{_td_class(c)}>{esc(c)}</td>" for c in row) + "</tr>" for row in body)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def _td_class(cell: object) -> str:
+    """' class="prose"' for a cell of three words or more (left-aligned), '' for a figure."""
+    return ' class="prose"' if _PROSE.search(str(cell)) else ""
 
 
 def data_uri(png: Path) -> str:
