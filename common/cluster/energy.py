@@ -21,7 +21,14 @@ METHOD = ("NVML nvmlDeviceGetTotalEnergyConsumption (mJ counter), read at the en
 
 
 class EnergyMeter:
-    """One rank's GPU energy counter; ``at_mark`` is called at each clock mark of the run (steps done in it)."""
+    """One rank's GPU energy counter; ``at_mark`` is called at each clock mark of the run (steps done in it).
+
+    A part of the host's syncs (``common.training.hostsync.Part``, whose protocol it follows without importing it:
+    this layer is below training): read right after the clock's marks, asks for no sync of its own, measures
+    ``{"energy": result()}``."""
+
+    before_mark = False  # right after the mark: a read at the warm-up's end is inside the timed window, once
+    untimed = 0
 
     def __init__(self, nvml: Any, handle: Any, gpu: str) -> None:
         self.nvml, self.handle, self.gpu = nvml, handle, gpu
@@ -42,6 +49,19 @@ class EnergyMeter:
         except Exception:  # noqa: BLE001 - whatever NVML raises mid-run: no energy figure, the run goes on
             self.start = self.stop = None
             self.at_mark = lambda *_: None  # type: ignore[method-assign]
+
+    def start(self, at: Any) -> None:
+        self.at_mark(0, at.warm, at.run_steps)
+
+    def wants_sync(self, last: int, done: int, global_step: int) -> bool:
+        return False  # read at the syncs that happen anyway: the warm-up's end and the last step are always syncs
+
+    def at_sync(self, at: Any) -> None:
+        self.at_mark(at.done, at.warm, at.run_steps)
+
+    def measured(self) -> dict[str, Any]:
+        """This rank's part of ``combine``'s input, under the record's name; shuts NVML down (once, after the loop)."""
+        return {"energy": self.result()}
 
     def result(self) -> dict[str, Any] | None:
         """{"gpu": its NVML selector, "joules": energy over the timed steps}, None when not both reads happened;

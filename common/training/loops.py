@@ -228,7 +228,7 @@ def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
         callbacks.append(WarmupLR(hooks, lr_schedule(recipe, recipe.learning_rate, plan.steps_per_epoch,
                                                      plan.total_steps, recipe.lr_replicas)))
     model.parts.ring = ring = LossRing(job.sync_interval, 1)
-    hooks.input_clock = model.parts.clock = inputwait.InputClock("gap", hooks.warm)
+    model.parts.clock = input_clock(hooks, "gap")
     callbacks.append(StepRecorder(hooks, ring))
     hooks.start_clock()
     model.fit(dataset, epochs=math.ceil(hooks.run_steps / plan.steps_per_epoch),
@@ -248,7 +248,7 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_run_step")
     if probe is None:
         ring = LossRing(job.sync_interval, backend.info.replicas_per_worker)
-        hooks.input_clock = clock = inputwait.InputClock("fetch", hooks.warm)
+        clock = input_clock(hooks, "fetch")
 
         def row() -> Any:  # timed on the device: how long the batch took
             return backend.run_step(one.run, clock.fetch(lambda: next(iterator), counter))
@@ -257,7 +257,6 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
             return ring.read(first, stop)
     else:
         ring = LossRing(job.sync_interval, probe.columns, probe.dtype)
-        hooks.input_clock = inputwait.NotMeasured(PROBE_INPUT)
 
         def row() -> Any:
             return probe.device_step(lambda: next(iterator), one, backend)
@@ -291,3 +290,12 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
 
 # Why a probed run's record has no input wait of the loop's: the probe times the input phase itself.
 PROBE_INPUT = "a diagnostic probe times the input phase itself (its own record)"
+INPUT_METHOD = {"fit": "gap", "ctl": "fetch"}  # the input wait each loop measures (common.training.inputwait)
+
+
+def input_clock(hooks: StepHooks, method: str) -> inputwait.InputClock:
+    """The loop's input clock, a part its hooks were built with (``common.training.train.make_hooks``)."""
+    clock = hooks.find(inputwait.InputClock)
+    if clock is None or clock.method != method:
+        raise RuntimeError(f"this loop measures the input wait by {method!r}: its hooks hold {clock!r}")
+    return clock

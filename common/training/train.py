@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from common.training import compiled as compiled_mod
 from common.training import evaluate, inputwait, keras3, loops, objective, observe, outputs, streamed
 from common.training import reliability as rel
 from common.training.context import Plan, Recipe, RunContext
-from common.training.hostsync import StepHooks
+from common.training.hostsync import FirstStep, Liveness, StepHooks, Validation
 from common.training.optimizers import build_optimizer  # bench/ imports it from here too
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
@@ -169,8 +168,7 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     dataset = backend.make_dataset(training_input(ctx, resume.start_step))
     backend.before_training(built.model)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
-    hooks = StepHooks(ctx, resume.start_step, preemption, watchdog, least_warm=probe.least_warm if probe else 0)
-    hooks.energy = energy.rank_meter()  # None without a GPU energy counter: the record's energy is then absent
+    hooks = make_hooks(ctx, built, resume.start_step, preemption, watchdog, probe)
     drive(ctx, built, dataset, hooks, probe)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
     backend.sync_model_state(built.model)
@@ -193,7 +191,7 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     if probe is not None:
         return probe.record(ctx, built, gathered)
     record = make_record(ctx, built, resume, gathered)
-    publish(record, opts, resume, hooks.trace)
+    publish(record, opts, resume, hooks.find(observe.Trace))
     return record
 
 
@@ -204,12 +202,43 @@ def drive(ctx: RunContext, built: Built, dataset: Any, hooks: StepHooks, probe: 
         loops.run_ctl(ctx, built.model, built.optimizer, dataset, hooks, probe)
         return
     own_loop = ctx.backend.train_loop()
-    if own_loop is None:
-        hooks.evaluator = streamed.make_evaluator(ctx, built.model) if ctx.plan.pipeline else \
-            evaluate.make_evaluator(ctx.job, built.model, ctx.backend, ctx.plan.steps_per_epoch, ctx.plan.total_steps,
-                                    ctx.trained_by)
     loop = own_loop or (loops.run_fit if ctx.job.mode == "fit" else loops.run_ctl)
     loop(ctx, built.model, built.optimizer, dataset, hooks)
+
+
+def make_hooks(ctx: RunContext, built: Built, start_step: int, preemption: rel.Preemption,
+               watchdog: rel.Watchdog | None, probe: Probe | None) -> StepHooks:
+    """The host's side of the loop ``drive`` runs, with every part it has (``common.training.hostsync.Part``),
+    each given here once, in the order they act at a sync (the trace before the clock mark, the rest after it)."""
+    opts, plan, backend = ctx.opts, ctx.plan, ctx.backend
+    trace = None
+    if opts.profile_steps is not None and opts.results_dir:
+        # a collective (the run id): every rank builds its hooks at the same point, before the first step
+        trace = observe.Trace.create(backend, opts.results_dir, ctx.label, opts.profile_steps, start_step)
+    own_loop = backend.train_loop() is not None
+    if probe is not None:
+        clock: Any = inputwait.NotMeasured(loops.PROBE_INPUT)
+    elif own_loop:
+        clock = inputwait.NotMeasured(inputwait.ASYNCHRONOUS if backend.capabilities().asynchronous else
+                                      inputwait.OWN_LOOP)
+    else:
+        clock = inputwait.InputClock(loops.INPUT_METHOD[ctx.job.mode])
+    evaluator = None  # validation in the shared loops only, never in a probed run
+    if probe is None and not own_loop:
+        evaluator = streamed.make_evaluator(ctx, built.model) if plan.pipeline else \
+            evaluate.make_evaluator(ctx.job, built.model, backend, plan.steps_per_epoch, plan.total_steps,
+                                    ctx.trained_by)
+    return StepHooks(ctx, start_step, preemption, (
+        trace,
+        energy.rank_meter(),  # None without a GPU energy counter: the record's energy is then absent
+        FirstStep(opts.t_process_start, ctx.verbose),
+        Liveness(watchdog) if watchdog is not None else None,
+        observe.Progress(opts.progress_seconds, plan.global_batch, plan.total_steps, start_step)
+        if ctx.verbose and opts.progress_seconds > 0 else None,
+        Validation(evaluator, watchdog, clock.restart_gap, keep=backend.is_chief)
+        if evaluator is not None else None,
+        clock,
+    ), least_warm=probe.least_warm if probe else 0)
 
 
 def metrics_line(recipe: Recipe) -> str | None:
@@ -376,15 +405,15 @@ def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init
         "clock_marks": hooks.clock_marks(),
         "warm": hooks.warm,
         "losses": hooks.losses,
-        "time_to_first_step": (hooks.first_step_done or time.time()) - opts.t_process_start,
         "final_digest": weights_digest(built.model),
         "trainable_digest": weights_digest(built.model, trainable_only=True),
         "fingerprint": weights_fingerprint(built.model) if backend.is_chief else None,
-        "evaluations": hooks.evaluations if backend.is_chief else [],  # identical values on every rank
-        "input": inputwait.rank_measure(hooks.input_clock),  # reads the device once: after the timed loop
+        "evaluations": [],  # a run without validation; the chief's Validation part's are identical on every rank
         "machine": machine.rank_machine(opts.iface),  # after the last step: the peak RSS is the run's
         "nccl": nccl.own_finding(),  # the network NCCL chose, from its log file (common.cluster.nccl); None: no file
-        "energy": meter.result() if (meter := getattr(hooks, "energy", None)) is not None else None,
+        # every part's (hostsync.Part.measured), after the loop: the time to first step, the input wait (reads the
+        # device once), the energy (absent without a meter), the chief's evaluations
+        **hooks.measured(),
         **(extra or {}),
     }
     # Every rank must take part in this collective, chief or not.
