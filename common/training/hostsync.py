@@ -254,7 +254,6 @@ class StepHooks:
     start_step: int  # global steps already done (a resumed run)
     preemption: rel.Preemption
     parts: Sequence[Part] = ()  # in the order they act: before the mark, then after it (``Part.before_mark``)
-    least_warm: int = 0  # untimed first steps a probe needs at least (the breakdown: 1, for its first gap)
     dispatched: int = 0  # steps of this run handed to the runtime so far
     losses: list[float] = field(default_factory=list)  # this rank's loss of every step of this run
     stopped_at: int | None = None
@@ -266,7 +265,7 @@ class StepHooks:
         self.agreement = Agreement(self.ctx.backend, self.preemption, self.ctx.job.sync_interval,
                                    self.ctx.opts.preempt_check_steps)
         # fixed for the run: every part's untimed steps are known at construction
-        untimed = max([self.ctx.job.warmup_interval, self.least_warm, *(p.untimed for p in self.parts)])
+        untimed = max([self.ctx.job.warmup_interval, *(p.untimed for p in self.parts)])
         self._warm = min(untimed, max(self.run_steps - 1, 0))
 
     # -- what the loops and the record read ------------------------------------------------------------------

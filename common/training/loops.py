@@ -63,11 +63,11 @@ class LossRing:
 
 class StepProbe(Protocol):
     """A diagnostic around the custom loop's one step (``common.diagnostics.breakdown``): what its step function
-    writes per step instead of the losses alone, how the host reads the losses back, and what it measured."""
+    writes per step instead of the losses alone, and how the host reads the losses back (its untimed steps and what
+    it measured: a part of the hooks, ``common.training.hostsync.Part``)."""
 
     columns: int  # values the step writes per step (its ring's row)
     dtype: Any  # of those values (tf.float64 for timestamps)
-    least_warm: int  # untimed first steps it needs at least
 
     def device_step(self, fetch: Callable[[], Any], one: ReplicaStep, backend: Any) -> Any:
         """In the step's tf.function: fetch the batch, run the step on the backend, return the ring's row."""

@@ -216,6 +216,20 @@ class Trace:
         return out
 
 
+def run_parts(ctx: Any, start_step: int) -> tuple[Trace | None, Progress | None]:
+    """This run's trace (``--profile-steps`` with a results dir) and the chief's progress line (verbose, with
+    ``--progress-every`` > 0), each None when not asked for: parts of its ``StepHooks`` (``ctx``: its RunContext).
+    A collective (the trace's run id): every rank calls it at the same point, before the first step."""
+    opts, plan = ctx.opts, ctx.plan
+    trace = None
+    if opts.profile_steps is not None and opts.results_dir:
+        trace = Trace.create(ctx.backend, opts.results_dir, ctx.label, opts.profile_steps, start_step)
+    progress = None
+    if ctx.verbose and opts.progress_seconds > 0:
+        progress = Progress(opts.progress_seconds, plan.global_batch, plan.total_steps, start_step)
+    return trace, progress
+
+
 # -- windows, summary lines, TensorBoard --------------------------------------------------------------------------
 def timed_windows(per_rank_marks: list[list[list[float]]], warm: int) -> list[tuple[int, int, float]]:
     """(run steps done at the window's end, steps in it, seconds per step) of each sync window after the warm-up;

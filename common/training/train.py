@@ -31,7 +31,7 @@ from common.training import compiled as compiled_mod
 from common.training import evaluate, inputwait, keras3, loops, objective, observe, outputs, streamed
 from common.training import reliability as rel
 from common.training.context import Plan, Recipe, RunContext
-from common.training.hostsync import FirstStep, Liveness, StepHooks, Validation
+from common.training.hostsync import FirstStep, Liveness, Part, StepHooks, Validation
 from common.training.optimizers import build_optimizer  # bench/ imports it from here too
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
@@ -98,9 +98,10 @@ class Resume:
         return cls(0, {}, own, own)
 
 
-class Probe(loops.StepProbe, Protocol):
+class Probe(loops.StepProbe, Part, Protocol):
     """A diagnostic run through this driver (``common.diagnostics.breakdown``): its checks, its step (``StepProbe``),
-    what each rank adds to the gathered measurements, and its own record instead of a benchmark's. A probed run
+    a part of the host's syncs (``hostsync.Part``: its untimed steps, what each rank adds to the gathered
+    measurements), and its own record instead of a benchmark's. A probed run
     neither resumes nor leaves a checkpoint: it is measured in one piece."""
 
     def check(self, ctx: RunContext) -> None:
@@ -108,9 +109,6 @@ class Probe(loops.StepProbe, Protocol):
 
     def announce(self, ctx: RunContext) -> str:
         """The chief's first line."""
-
-    def measured(self, hooks: StepHooks) -> dict[str, Any]:
-        """This rank's measurements after the loop, gathered with the run's own."""
 
     def record(self, ctx: RunContext, built: Built, gathered: Gathered) -> Any:
         """The chief's record from every rank's measurements; written and returned."""
@@ -172,7 +170,7 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     drive(ctx, built, dataset, hooks, probe)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
     backend.sync_model_state(built.model)
-    gathered = gather(ctx, built, hooks, resume, init_digest, probe.measured(hooks) if probe else {})
+    gathered = gather(ctx, built, hooks, resume, init_digest)
     if hooks.stopped_at is not None:
         if probe is None:
             write_checkpoint(ctx, built.checkpoint, resume.own_dir, hooks, gathered)
@@ -211,10 +209,8 @@ def make_hooks(ctx: RunContext, built: Built, start_step: int, preemption: rel.P
     """The host's side of the loop ``drive`` runs, with every part it has (``common.training.hostsync.Part``),
     each given here once, in the order they act at a sync (the trace before the clock mark, the rest after it)."""
     opts, plan, backend = ctx.opts, ctx.plan, ctx.backend
-    trace = None
-    if opts.profile_steps is not None and opts.results_dir:
-        # a collective (the run id): every rank builds its hooks at the same point, before the first step
-        trace = observe.Trace.create(backend, opts.results_dir, ctx.label, opts.profile_steps, start_step)
+    # a collective (the trace's run id): every rank builds its hooks at the same point, before the first step
+    trace, progress = observe.run_parts(ctx, start_step)
     own_loop = backend.train_loop() is not None
     if probe is not None:
         clock: Any = inputwait.NotMeasured(loops.PROBE_INPUT)
@@ -233,12 +229,12 @@ def make_hooks(ctx: RunContext, built: Built, start_step: int, preemption: rel.P
         energy.rank_meter(),  # None without a GPU energy counter: the record's energy is then absent
         FirstStep(opts.t_process_start, ctx.verbose),
         Liveness(watchdog) if watchdog is not None else None,
-        observe.Progress(opts.progress_seconds, plan.global_batch, plan.total_steps, start_step)
-        if ctx.verbose and opts.progress_seconds > 0 else None,
+        progress,
         Validation(evaluator, watchdog, clock.restart_gap, keep=backend.is_chief)
         if evaluator is not None else None,
         clock,
-    ), least_warm=probe.least_warm if probe else 0)
+        probe,  # its untimed steps, and the host clock's marks it measures by
+    ))
 
 
 def metrics_line(recipe: Recipe) -> str | None:
@@ -390,10 +386,9 @@ def find_resume(ctx: RunContext, built: Built) -> Resume:
     return Resume(int(meta["step"]), meta, source, own_dir)
 
 
-def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init_digest: str,
-           extra: dict[str, Any] | None = None) -> Gathered:
-    """Every rank's measurements on every rank (one collective, after the timed loop), and the global losses.
-    ``extra``: a probe's own measurements of this rank, gathered in the same collective."""
+def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init_digest: str) -> Gathered:
+    """Every rank's measurements on every rank (one collective, after the timed loop), and the global losses; the
+    hooks' parts' (a probe's too) gathered in the same collective."""
     backend, opts = ctx.backend, ctx.opts
     mine = {
         "host": res.hostname(),
@@ -414,7 +409,6 @@ def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init
         # every part's (hostsync.Part.measured), after the loop: the time to first step, the input wait (reads the
         # device once), the energy (absent without a meter), the chief's evaluations
         **hooks.measured(),
-        **(extra or {}),
     }
     # Every rank must take part in this collective, chief or not.
     everyone = backend.allgather(mine)
