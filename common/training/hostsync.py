@@ -253,7 +253,8 @@ class StepHooks:
     ctx: RunContext
     start_step: int  # global steps already done (a resumed run)
     preemption: rel.Preemption
-    parts: Sequence[Part] = ()  # in the order they act: before the mark, then after it (``Part.before_mark``)
+    # in the order they act (those ``before_mark`` first at each sync); a None (a part not asked for) is dropped
+    parts: Sequence[Part | None] = ()
     dispatched: int = 0  # steps of this run handed to the runtime so far
     losses: list[float] = field(default_factory=list)  # this rank's loss of every step of this run
     stopped_at: int | None = None
