@@ -11,7 +11,7 @@ from typing import Any
 from common.cluster import energy, machine
 from common.report.build import ReportOptions, build_report
 from common.report.summary import summarize
-from common.training.hostsync import At, TrainingClock
+from common.training.hostsync import At, FirstStep, TrainingClock
 from common.training.inputwait import NotMeasured
 from tests.test_machine import HOST_GPUS, FakeNVMLError, fake_pynvml, fake_tf, one_rank_run
 from tests.test_report import make_run, put
@@ -112,7 +112,7 @@ def test_gather_and_make_record_carry_the_energy() -> None:
     meter = energy.open_meter(0, None, counting_nvml())
     records = []
     for m in (meter, None):
-        parts = [NotMeasured("no input clock here")] + ([m] if m is not None else [])
+        parts = [FirstStep(0.0, False), NotMeasured("no input clock here")] + ([m] if m is not None else [])
         hooks = types.SimpleNamespace(clock_marks=lambda: [[0, 0.0], [1, 0.5], [2, 1.0]], warm=1, losses=[1.0, 0.5],
                                       measured=lambda parts=parts: {k: v for p in parts
                                                                     for k, v in p.measured().items()})

@@ -32,8 +32,8 @@ class EnergyMeter:
 
     def __init__(self, nvml: Any, handle: Any, gpu: str) -> None:
         self.nvml, self.handle, self.gpu = nvml, handle, gpu
-        self.start: int | None = None  # counter at the end of the warm-up (mJ)
-        self.stop: int | None = None  # counter after the last step (mJ)
+        self.first_mj: int | None = None  # counter at the end of the warm-up (mJ)
+        self.last_mj: int | None = None  # counter after the last step (mJ)
 
     def read(self) -> int:
         return int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
@@ -42,12 +42,12 @@ class EnergyMeter:
         """At the mark after ``done`` steps: the start of the timed window (``warm``) or its end (``last``). A
         failed read leaves the figure absent rather than a wrong one."""
         try:
-            if done == warm and self.start is None:
-                self.start = self.read()
-            if done >= last and self.start is not None and self.stop is None:
-                self.stop = self.read()
+            if done == warm and self.first_mj is None:
+                self.first_mj = self.read()
+            if done >= last and self.first_mj is not None and self.last_mj is None:
+                self.last_mj = self.read()
         except Exception:  # noqa: BLE001 - whatever NVML raises mid-run: no energy figure, the run goes on
-            self.start = self.stop = None
+            self.first_mj = self.last_mj = None
             self.at_mark = lambda *_: None  # type: ignore[method-assign]
 
     def start(self, at: Any) -> None:
@@ -70,9 +70,9 @@ class EnergyMeter:
             self.nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001 - shutting down is best effort
             pass
-        if self.start is None or self.stop is None or self.stop < self.start:
+        if self.first_mj is None or self.last_mj is None or self.last_mj < self.first_mj:
             return None
-        return {"gpu": self.gpu, "joules": (self.stop - self.start) / 1000.0}
+        return {"gpu": self.gpu, "joules": (self.last_mj - self.first_mj) / 1000.0}
 
 
 def open_meter(ordinal: int | None, cuda_visible: str | None, nvml: Any | None) -> EnergyMeter | None:
