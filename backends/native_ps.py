@@ -20,17 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from common.training import inputwait
 from common.training.objective import mean_over_ranks
 from common.training.step import make_step
 
 if TYPE_CHECKING:
     from common.training.context import RunContext
     from common.training.hostsync import StepHooks
-
-# Why the record's ``input`` is not measured here.
-INPUT_NOT_MEASURED = ("parameter-server training: each worker fetches its own batches, asynchronously, in steps "
-                      "the chief only schedules; their waits are not measured")
 
 
 class _Syncs:
@@ -129,7 +124,6 @@ def run_ps(ctx: RunContext, model: Any, optimizer: Any, dataset_fn: Callable[[An
     job, backend, plan = ctx.job, ctx.backend, ctx.plan
     strategy = model.distribute_strategy
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)  # one per strategy (Keras')
-    hooks.input_clock = inputwait.NotMeasured(INPUT_NOT_MEASURED)
     fan = backend.num_workers  # worker steps per global step
     local = backend.info.replicas_per_worker
     worker_batch = plan.per_replica_batch * local  # one worker step's samples: a global step is `fan` of them

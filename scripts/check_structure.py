@@ -15,7 +15,9 @@
   purpose);
 - the step has one home: in ``backends/`` and ``common/`` only ``common/training/step.py`` opens a gradient tape or
   applies and removes mixed precision's loss scale, so every loop (fit, the custom loop, the breakdown's probe,
-  parameter-server training) takes its gradients from the one ``ReplicaStep``.
+  parameter-server training) takes its gradients from the one ``ReplicaStep``;
+- a ``StepHooks`` is built whole: in ``backends/`` and ``common/`` no code outside ``common/training/hostsync.py``
+  assigns an attribute of one (``hooks.<part> = ...``): its parts are given to its constructor once.
 """
 
 from __future__ import annotations
@@ -221,6 +223,39 @@ def objective_outside_home(tree: ast.AST, where: str) -> list[str]:
     return out
 
 
+HOOKS_HOME = "common/training/hostsync.py"
+
+
+def _is_hooks(node: ast.AST) -> bool:
+    """``hooks`` or ``<anything>.hooks``: a StepHooks by the name every loop gives it."""
+    return (isinstance(node, ast.Name) and node.id == "hooks") or (isinstance(node, ast.Attribute)
+                                                                 and node.attr == "hooks")
+
+
+def hooks_assigned_outside_home(tree: ast.AST, where: str) -> list[str]:
+    """An assignment to an attribute of a StepHooks (``hooks.<part> = ...``, ``self.hooks.x += ...``,
+    ``setattr(hooks, ...)``) in backends/ or common/ outside HOOKS_HOME: its parts are given to its constructor once
+    (``common.training.train.make_hooks``), and what changes while it runs is its own."""
+    if not where.startswith(("backends/", "common/")) or where == HOOKS_HOME:
+        return []
+    targets: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets += node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets.append(node.target)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+              and node.args and _is_hooks(node.args[0])):
+            targets.append(ast.Attribute(value=node.args[0], attr="?", lineno=node.lineno))
+    out = []
+    for t in targets:
+        for sub in ast.walk(t):  # tuple targets and chained ones
+            if isinstance(sub, ast.Attribute) and _is_hooks(sub.value):
+                out.append(f"{where}:{sub.lineno}: assigns {ast.unparse(sub)}: a StepHooks part is given to its "
+                           f"constructor once ({HOOKS_HOME}, common.training.train.make_hooks)")
+    return out
+
+
 def main() -> int:
     files = project_files()
     known = {module_name(p) for p in files}
@@ -233,6 +268,7 @@ def main() -> int:
         problems += objective_outside_home(tree, where)
         problems += step_outside_home(tree, where)
         problems += backend_by_name(tree, where)
+        problems += hooks_assigned_outside_home(tree, where)
         name = module_name(path)
         graph[name] = imports_of(tree, name, path.name == "__init__.py", known)
         # Tests of named backends (parity: one against the other) may name them; shared test helpers may not.

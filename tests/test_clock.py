@@ -58,7 +58,7 @@ def drive(monkeypatch: pytest.MonkeyPatch, steps: int, step_s: float, *, sync_ev
     if signal_at:  # the test aid the started processes load (tests/aids), on a subclass: StepHooks stays as is
         hooks_class = type("SignallingHooks", (hostsync.StepHooks,), {})
         signal_aid.patch(hooks_class, signal_at)
-    hooks = hooks_class(run_context(backend, opts, steps, sync_every, warm), start, preemption or Preemption(), None)
+    hooks = hooks_class(run_context(backend, opts, steps, sync_every, warm), start, preemption or Preemption())
     backend.hooks = hooks
     hooks.start_clock()
     while hooks.global_step < steps:

@@ -11,6 +11,8 @@ from typing import Any
 from common.cluster import energy, machine
 from common.report.build import ReportOptions, build_report
 from common.report.summary import summarize
+from common.training.hostsync import At, FirstStep, TrainingClock
+from common.training.inputwait import NotMeasured
 from tests.test_machine import HOST_GPUS, FakeNVMLError, fake_pynvml, fake_tf, one_rank_run
 from tests.test_report import make_run, put
 
@@ -110,11 +112,14 @@ def test_gather_and_make_record_carry_the_energy() -> None:
     meter = energy.open_meter(0, None, counting_nvml())
     records = []
     for m in (meter, None):
+        parts = [FirstStep(0.0, False), NotMeasured("no input clock here")] + ([m] if m is not None else [])
         hooks = types.SimpleNamespace(clock_marks=lambda: [[0, 0.0], [1, 0.5], [2, 1.0]], warm=1, losses=[1.0, 0.5],
-                                      first_step_done=1.0, input_clock=None, evaluations=[], energy=m)
-        if m is not None:
-            for done in (0, 1, 2):
-                m.at_mark(done, 1, 2)
+                                      measured=lambda parts=parts: {k: v for p in parts
+                                                                    for k, v in p.measured().items()})
+        if m is not None:  # as StepHooks calls its parts: at the clock's start, then at each sync (after its mark)
+            m.start(At(0, 0, 1, 2, TrainingClock()))
+            for done in (1, 2):
+                m.at_sync(At(done, 0, 1, 2, TrainingClock()))
         records.append(train.make_record(ctx, built, resume, train.gather(ctx, built, hooks, resume, "d")))
     assert records[0].energy["gpu_joules"] == 5.0 and records[0].energy["joules_per_image"] == 5.0 / 4
     assert records[1].energy is None and "energy" in records[1].to_dict()

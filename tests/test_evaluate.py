@@ -13,7 +13,7 @@ import pytest
 
 from common.core import results as res
 from common.training import evaluate, hostsync
-from common.training.hostsync import StepHooks
+from common.training.hostsync import StepHooks, Validation
 from common.training.runconfig import RunOptions
 from common.workload.job import Job
 from tests.test_clock import run_context
@@ -141,8 +141,8 @@ def test_evaluation_time_is_excluded_from_the_marks_exactly(monkeypatch):
     backend = types.SimpleNamespace(is_chief=True, num_workers=1, allsum=lambda v: v)
     opts = RunOptions(t_process_start=0.0, command=(), verbose=False, preempt_check_steps=1000)
     hooks = StepHooks(run_context(backend, opts, steps=10, sync_every=3, warm=1), start_step=0,
-                      preemption=types.SimpleNamespace(signalled=None), watchdog=None)  # type: ignore[arg-type]
-    hooks.evaluator = FakeEvaluator(clock)
+                      preemption=types.SimpleNamespace(signalled=None),  # type: ignore[arg-type]
+                      parts=(Validation(FakeEvaluator(clock)),))
     hooks.start_clock()
     synced_at = []
     for _ in range(10):  # every step takes 1 s of the fake clock
@@ -152,12 +152,12 @@ def test_evaluation_time_is_excluded_from_the_marks_exactly(monkeypatch):
             synced_at.append(hooks.dispatched)
             hooks.sync([0.5] * (hooks.dispatched - hooks.synced))
     assert 4 in synced_at and 8 in synced_at  # a sync is forced where an evaluation is due
-    assert [e["step"] for e in hooks.evaluations] == [4, 8, 10]
+    assert [e["step"] for e in hooks.measured()["evaluations"]] == [4, 8, 10]
     # the marks are training time only: step k ends at k seconds, whatever ran between steps
     assert hooks.clock_marks() == [[d, float(d)] for d in [0, *synced_at]]
     # wall time counts everything: step 4 ends at 4 s, its evaluation at 9 s; step 8 at 8 + 5 (eval 1) + 5 (eval 2)
-    assert [e["wall_time"] for e in hooks.evaluations] == [9.0, 18.0, 25.0]
-    assert [e["seconds"] for e in hooks.evaluations] == [5.0, 5.0, 5.0]
+    assert [e["wall_time"] for e in hooks.measured()["evaluations"]] == [9.0, 18.0, 25.0]
+    assert [e["seconds"] for e in hooks.measured()["evaluations"]] == [5.0, 5.0, 5.0]
     stats = res.throughput_stats([hooks.clock_marks()], global_batch=10, warm=1, window_steps=3)
     assert stats["timed_wall_time"] == 9.0  # steps 2..10, one second each, no evaluation in it
     assert stats["images_per_sec"] == pytest.approx(10 * 9 / 9.0)

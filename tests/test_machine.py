@@ -28,6 +28,7 @@ from common.report.machines import short_command
 from common.report.render import format_ratio_table
 from common.report.summary import summarize
 from common.training.context import Plan, RunContext
+from common.training.inputwait import rank_measure
 from common.workload.job import Job
 from tests.test_report import make_run, put
 
@@ -152,7 +153,7 @@ def test_records_carry_the_block_through_gather_and_make_record() -> None:
 
     job, backend, built = one_rank_run("cpu")
     hooks = types.SimpleNamespace(clock_marks=lambda: [[0, 0.0], [1, 0.5], [2, 1.0]], warm=1, losses=[1.0, 0.5],
-                                  first_step_done=1.0, input_clock=None, evaluations=[])
+                                  measured=lambda: {"time_to_first_step": 1.0, "input": rank_measure(None)})
     opts = types.SimpleNamespace(iface=None, t_process_start=0.0, command=("python",))
     resume = types.SimpleNamespace(previous={}, start_step=0)
     ctx = RunContext(job, backend, opts, Plan(4, 2, 2, 1))  # type: ignore[arg-type]

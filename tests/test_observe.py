@@ -64,7 +64,8 @@ def drive(monkeypatch, steps: int, step_s: float, *, every: float, verbose: bool
     backend = backend or FakeBackend()
     opts = RunOptions(t_process_start=0.0, command=(), verbose=verbose, progress_seconds=every,
                       profile_steps=profile, results_dir=results)
-    hooks = hostsync.StepHooks(run_context(backend, opts, steps, 25, 2, images_per_step=64), 0, Preemption(), None)
+    ctx = run_context(backend, opts, steps, 25, 2, images_per_step=64)
+    hooks = hostsync.StepHooks(ctx, 0, Preemption(), observe.run_parts(ctx, 0))
     backend.hooks = hooks
     hooks.start_clock()
     while hooks.global_step < steps:
@@ -118,7 +119,7 @@ def test_profiled_steps_are_synced_and_never_timed(monkeypatch, tmp_path):
     assert calls == [("start", 4), ("stop", 8)]  # before step 5 is handed over, after step 8 is done
     assert [d for d, _ in hooks.marks] == [0, 1, 4, 8, 25, 50, 75, 100]  # no sync at step 2: still untimed
     assert hooks.warm == 8  # the timed window starts at the sync after the last profiled step
-    assert hooks.trace.root.parent == tmp_path / "profile"
+    assert hooks.find(observe.Trace).root.parent == tmp_path / "profile"
 
 
 # -- real runs: traces, timeline, TensorBoard, summary lines -----------------------------------------------------

@@ -44,7 +44,7 @@ def test_parameter_server_chief_joins_where_every_loop_syncs(steps, warm, every,
 
     backend = FakeBackend()
     opts = RunOptions(t_process_start=0.0, command=(), verbose=False)
-    hooks = StepHooks(run_context(backend, opts, steps, every, warm), 0, Preemption(), None)
+    hooks = StepHooks(run_context(backend, opts, steps, every, warm), 0, Preemption())
     backend.hooks = hooks
     seen: list[int] = []
 

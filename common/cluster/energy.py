@@ -21,12 +21,19 @@ METHOD = ("NVML nvmlDeviceGetTotalEnergyConsumption (mJ counter), read at the en
 
 
 class EnergyMeter:
-    """One rank's GPU energy counter; ``at_mark`` is called at each clock mark of the run (steps done in it)."""
+    """One rank's GPU energy counter; ``at_mark`` is called at each clock mark of the run (steps done in it).
+
+    A part of the host's syncs (``common.training.hostsync.Part``, whose protocol it follows without importing it:
+    this layer is below training): read right after the clock's marks, asks for no sync of its own, measures
+    ``{"energy": result()}``."""
+
+    before_mark = False  # right after the mark: a read at the warm-up's end is inside the timed window, once
+    untimed = 0
 
     def __init__(self, nvml: Any, handle: Any, gpu: str) -> None:
         self.nvml, self.handle, self.gpu = nvml, handle, gpu
-        self.start: int | None = None  # counter at the end of the warm-up (mJ)
-        self.stop: int | None = None  # counter after the last step (mJ)
+        self.first_mj: int | None = None  # counter at the end of the warm-up (mJ)
+        self.last_mj: int | None = None  # counter after the last step (mJ)
 
     def read(self) -> int:
         return int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
@@ -35,13 +42,26 @@ class EnergyMeter:
         """At the mark after ``done`` steps: the start of the timed window (``warm``) or its end (``last``). A
         failed read leaves the figure absent rather than a wrong one."""
         try:
-            if done == warm and self.start is None:
-                self.start = self.read()
-            if done >= last and self.start is not None and self.stop is None:
-                self.stop = self.read()
+            if done == warm and self.first_mj is None:
+                self.first_mj = self.read()
+            if done >= last and self.first_mj is not None and self.last_mj is None:
+                self.last_mj = self.read()
         except Exception:  # noqa: BLE001 - whatever NVML raises mid-run: no energy figure, the run goes on
-            self.start = self.stop = None
+            self.first_mj = self.last_mj = None
             self.at_mark = lambda *_: None  # type: ignore[method-assign]
+
+    def start(self, at: Any) -> None:
+        self.at_mark(0, at.warm, at.run_steps)
+
+    def wants_sync(self, last: int, done: int, global_step: int) -> bool:
+        return False  # read at the syncs that happen anyway: the warm-up's end and the last step are always syncs
+
+    def at_sync(self, at: Any) -> None:
+        self.at_mark(at.done, at.warm, at.run_steps)
+
+    def measured(self) -> dict[str, Any]:
+        """This rank's part of ``combine``'s input, under the record's name; shuts NVML down (once, after the loop)."""
+        return {"energy": self.result()}
 
     def result(self) -> dict[str, Any] | None:
         """{"gpu": its NVML selector, "joules": energy over the timed steps}, None when not both reads happened;
@@ -50,9 +70,9 @@ class EnergyMeter:
             self.nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001 - shutting down is best effort
             pass
-        if self.start is None or self.stop is None or self.stop < self.start:
+        if self.first_mj is None or self.last_mj is None or self.last_mj < self.first_mj:
             return None
-        return {"gpu": self.gpu, "joules": (self.stop - self.start) / 1000.0}
+        return {"gpu": self.gpu, "joules": (self.last_mj - self.first_mj) / 1000.0}
 
 
 def open_meter(ordinal: int | None, cuda_visible: str | None, nvml: Any | None) -> EnergyMeter | None:

@@ -45,7 +45,7 @@ from common.workload.data import DataFacts
 from common.workload.job import Job
 
 if TYPE_CHECKING:
-    from common.training.hostsync import StepHooks
+    from common.training.hostsync import At
     from common.training.step import ReplicaStep
     from common.training.train import Built, Gathered
 
@@ -134,13 +134,18 @@ class Breakdown:
     ring's row of a step is [t0, t1, t2, t3, t4, loss] in float64."""
 
     columns = STAMPS + 1
-    least_warm = 1  # step `warm - 1` ends the untimed part: the first timed step's gap (``rest``) needs a step before
+    # Also a part of the host's syncs (common.training.hostsync.Part, given to the run's StepHooks once): it keeps the
+    # host clock's marks at the warm-up's end and at the last sync, after each mark.
+    before_mark = False
+    untimed = 1  # step `warm - 1` ends the untimed part: the first timed step's gap (``rest``) needs a step before
 
     def __init__(self) -> None:
         import tensorflow as tf
 
         self.dtype = tf.float64
         self.stamps: list[list[float]] = []
+        self.warm = 0  # the run's untimed steps (StepHooks.warm), known as the clock starts
+        self.wall: list[float] = []  # the host clock's marks at the warm-up's end and at the last sync so far
 
     def check(self, ctx: RunContext) -> None:
         backend, plan = ctx.backend, ctx.plan
@@ -185,11 +190,22 @@ class Breakdown:
         self.stamps += [row[:STAMPS] for row in rows]
         return [row[STAMPS] for row in rows]
 
-    def measured(self, hooks: StepHooks) -> dict[str, Any]:
+    def start(self, at: At) -> None:
+        self.warm = at.warm
+
+    def wants_sync(self, last: int, done: int, global_step: int) -> bool:
+        return False  # the warm-up's end and the last step are syncs anyway
+
+    def at_sync(self, at: At) -> None:
+        mark = at.clock.marks[-1][1]  # this sync's
+        if at.done == self.warm:
+            self.wall = [mark, mark]
+        elif self.wall:
+            self.wall[1] = mark
+
+    def measured(self) -> dict[str, Any]:
         """The phases of the timed steps, and the host clock over them (from the warm-up's end to the last mark)."""
-        warm = hooks.warm
-        wall = next(t for d, t in hooks.marks if d == warm)
-        return {"phases": step_phases(self.stamps, warm), "wall": hooks.marks[-1][1] - wall}
+        return {"phases": step_phases(self.stamps, self.warm), "wall": self.wall[1] - self.wall[0]}
 
     def record(self, ctx: RunContext, built: Built, gathered: Gathered) -> BreakdownRecord:
         from common.training.train import trainable_params

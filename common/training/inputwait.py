@@ -27,10 +27,31 @@ MEASURES = {  # what each method's seconds are, as the record and the report nam
 }
 
 
-class InputClock:
-    """The device-side accumulator of one rank (create it outside any ``tf.function``, use it inside one)."""
+class _Part:
+    """A part of the host's syncs (``common.training.hostsync.Part``): given to ``StepHooks`` at its construction,
+    read once after the loop (``measured``: the rank's ``input``)."""
 
-    def __init__(self, method: str, warm: int) -> None:
+    before_mark = False
+    untimed = 0
+
+    def start(self, at: Any) -> None:
+        pass
+
+    def wants_sync(self, last: int, done: int, global_step: int) -> bool:
+        return False
+
+    def at_sync(self, at: Any) -> None:
+        pass
+
+    def measured(self) -> dict[str, Any]:
+        return {"input": rank_measure(self)}  # type: ignore[arg-type]
+
+
+class InputClock(_Part):
+    """The device-side accumulator of one rank (create it outside any ``tf.function``, use it inside one). ``warm``:
+    the untimed first steps, known when the clock starts (``start``), before the loop traces its step function."""
+
+    def __init__(self, method: str, warm: int | None = None) -> None:
         import tensorflow as tf
 
         if method not in MEASURES:
@@ -41,10 +62,15 @@ class InputClock:
         # gap: when the previous step ended (seconds since the epoch; 0 = no step yet)
         self.prev_end = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="twinbench_prev_step_end")
 
+    def start(self, at: Any) -> None:
+        self.warm = at.warm  # before the first step: the step function is traced after this
+
     def _count(self, seconds: Any, step: Any) -> Any:
         """Add ``seconds`` if run step ``step`` (0-based) is timed; returns the update."""
         import tensorflow as tf
 
+        if self.warm is None:
+            raise RuntimeError("InputClock used in a step before the clock started (StepHooks.start_clock)")
         timed = tf.cast(step, tf.int64) >= self.warm
         return self.total.assign_add(tf.where(timed, seconds, tf.constant(0.0, tf.float64)))
 
@@ -92,13 +118,20 @@ class InputClock:
         return float(self.total.numpy())
 
 
-class NotMeasured:
-    """What a loop that cannot measure the input wait leaves instead of a clock: the reason, for the record."""
+class NotMeasured(_Part):
+    """What a loop that cannot measure the input wait has instead of a clock: the reason, for the record."""
 
     method = None
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
+
+
+# Why a loop of the backend's own does not measure it (``common.training.train.make_hooks``): asynchronous
+# (parameter servers) or another.
+ASYNCHRONOUS = ("parameter-server training: each worker fetches its own batches, asynchronously, in steps the chief "
+                "only schedules; their waits are not measured")
+OWN_LOOP = "the backend's own training loop does not measure it"
 
 
 def rank_measure(clock: InputClock | NotMeasured | None) -> dict[str, Any]:

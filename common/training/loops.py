@@ -71,11 +71,11 @@ class LossRing:
 
 class StepProbe(Protocol):
     """A diagnostic around the custom loop's one step (``common.diagnostics.breakdown``): what its step function
-    writes per step instead of the losses alone, how the host reads the losses back, and what it measured."""
+    writes per step instead of the losses alone, and how the host reads the losses back (its untimed steps and what
+    it measured: a part of the hooks, ``common.training.hostsync.Part``)."""
 
     columns: int  # values the step writes per step (its ring's row)
     dtype: Any  # of those values (tf.float64 for timestamps)
-    least_warm: int  # untimed first steps it needs at least
 
     def device_step(self, fetch: Callable[[], Any], one: ReplicaStep, backend: Any) -> Any:
         """In the step's tf.function: fetch the batch, run the step on the backend, return the ring's row."""
@@ -236,7 +236,7 @@ def run_fit(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
         callbacks.append(WarmupLR(hooks, lr_schedule(recipe, recipe.learning_rate, plan.steps_per_epoch,
                                                      plan.total_steps, recipe.lr_replicas)))
     model.parts.ring = ring = LossRing(job.sync_interval, 1)
-    hooks.input_clock = model.parts.clock = inputwait.InputClock("gap", hooks.warm)
+    model.parts.clock = input_clock(hooks, "gap")
     callbacks.append(StepRecorder(hooks, ring))
     hooks.start_clock()
     model.fit(dataset, epochs=math.ceil(hooks.run_steps / plan.steps_per_epoch),
@@ -256,7 +256,7 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="twinbench_run_step")
     if probe is None:
         ring = LossRing(job.sync_interval, backend.info.replicas_per_worker)
-        hooks.input_clock = clock = inputwait.InputClock("fetch", hooks.warm)
+        clock = input_clock(hooks, "fetch")
 
         def row() -> Any:  # timed on the device: how long the batch took
             return backend.run_step(one.run, clock.fetch(lambda: next(iterator), counter))
@@ -265,7 +265,6 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
             return ring.read(first, stop)
     else:
         ring = LossRing(job.sync_interval, probe.columns, probe.dtype)
-        hooks.input_clock = inputwait.NotMeasured(PROBE_INPUT)
 
         def row() -> Any:
             return probe.device_step(lambda: next(iterator), one, backend)
@@ -297,3 +296,12 @@ def run_ctl(ctx: RunContext, model: Any, optimizer: Any, dataset: Any, hooks: St
 
 # Why a probed run's record has no input wait of the loop's: the probe times the input phase itself.
 PROBE_INPUT = "a diagnostic probe times the input phase itself (its own record)"
+INPUT_METHOD = {"fit": "gap", "ctl": "fetch"}  # the input wait each loop measures (common.training.inputwait)
+
+
+def input_clock(hooks: StepHooks, method: str) -> inputwait.InputClock:
+    """The loop's input clock, a part its hooks were built with (``common.training.train.make_hooks``)."""
+    clock = hooks.find(inputwait.InputClock)
+    if clock is None or clock.method != method:
+        raise RuntimeError(f"this loop measures the input wait by {method!r}: its hooks hold {clock!r}")
+    return clock

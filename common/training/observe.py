@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from common.workload.job import job_from_dict
 
@@ -74,8 +74,26 @@ class Progress:
     start_step: int  # global steps done before this run (a resumed run)
     _origin: tuple[int, float] | None = None  # (steps done in this run, time) at the first sync
     _last: float | None = None  # time of the last line
+    # A StepHooks part (common.training.hostsync.Part): acts after the sync's mark, asks for no sync, measures nothing.
+    before_mark: ClassVar[bool] = False
+    untimed: ClassVar[int] = 0
 
-    def at_sync(self, done: int, now: float, loss: float | None = None) -> str | None:
+    def start(self, at: Any) -> None:
+        pass
+
+    def wants_sync(self, last: int, done: int, global_step: int) -> bool:
+        return False
+
+    def at_sync(self, at: Any) -> None:
+        """At a sync (``hostsync.At``, after its mark): print the line when one is due."""
+        text = self.line(at.done, at.clock.marks[-1][1], at.loss)
+        if text:
+            print(text, flush=True)
+
+    def measured(self) -> dict[str, Any]:
+        return {}
+
+    def line(self, done: int, now: float, loss: float | None = None) -> str | None:
         """``done``: steps of this run the host has seen; ``now``: the sync's clock mark. A line, or None."""
         if self._origin is None:
             self._origin = (done, now)  # the first step (tracing, compilation) stays out of the rate
@@ -112,6 +130,9 @@ class Trace:
     done: bool = False
     traced: tuple[int, int] | None = None  # global steps actually traced (1-based, inclusive)
     timeline: str | None = None  # the Horovod timeline path, when this rank wrote one
+    # A StepHooks part (common.training.hostsync.Part): it starts and stops before the sync's mark, so its work
+    # (and the collective ending it) is in an untimed window; the steps up to its last one are untimed.
+    before_mark: ClassVar[bool] = True
 
     @classmethod
     def create(cls, backend: Any, results_dir: str, label: str, steps: tuple[int, int], start_step: int) -> Trace:
@@ -124,6 +145,22 @@ class Trace:
         root = Path(results_dir) / PROFILE_DIR / f"{label}-{run_id}"
         return cls(backend, root, run_id, steps, start_step, max(steps[0] - 1 - start_step, 0),
                    steps[1] - start_step)
+
+    @property
+    def untimed(self) -> int:
+        return self.end
+
+    def start(self, at: Any) -> None:
+        self.update(0)  # --profile-steps 1:B: the trace covers the first step too
+
+    def wants_sync(self, last: int, done: int, global_step: int) -> bool:
+        return self.due(last, done)
+
+    def at_sync(self, at: Any) -> None:
+        self.update(at.done)
+
+    def measured(self) -> dict[str, Any]:
+        return {}  # its files: named in the chief's record by ``finish`` (``artifacts``)
 
     @property
     def rank_dir(self) -> Path:
@@ -177,6 +214,20 @@ class Trace:
         if self.timeline:
             out["horovod_timeline"] = rel(self.timeline)
         return out
+
+
+def run_parts(ctx: Any, start_step: int) -> tuple[Trace | None, Progress | None]:
+    """This run's trace (``--profile-steps`` with a results dir) and the chief's progress line (verbose, with
+    ``--progress-every`` > 0), each None when not asked for: parts of its ``StepHooks`` (``ctx``: its RunContext).
+    A collective (the trace's run id): every rank calls it at the same point, before the first step."""
+    opts, plan = ctx.opts, ctx.plan
+    trace = None
+    if opts.profile_steps is not None and opts.results_dir:
+        trace = Trace.create(ctx.backend, opts.results_dir, ctx.label, opts.profile_steps, start_step)
+    progress = None
+    if ctx.verbose and opts.progress_seconds > 0:
+        progress = Progress(opts.progress_seconds, plan.global_batch, plan.total_steps, start_step)
+    return trace, progress
 
 
 # -- windows, summary lines, TensorBoard --------------------------------------------------------------------------

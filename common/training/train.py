@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from common.training import compiled as compiled_mod
 from common.training import evaluate, inputwait, keras3, loops, objective, observe, outputs, streamed
 from common.training import reliability as rel
 from common.training.context import Plan, Recipe, RunContext
-from common.training.hostsync import StepHooks
+from common.training.hostsync import FirstStep, Liveness, Part, StepHooks, Validation
 from common.training.optimizers import build_optimizer  # bench/ imports it from here too
 from common.training.runconfig import RunOptions
 from common.workload import data as data_mod
@@ -99,9 +98,10 @@ class Resume:
         return cls(0, {}, own, own)
 
 
-class Probe(loops.StepProbe, Protocol):
+class Probe(loops.StepProbe, Part, Protocol):
     """A diagnostic run through this driver (``common.diagnostics.breakdown``): its checks, its step (``StepProbe``),
-    what each rank adds to the gathered measurements, and its own record instead of a benchmark's. A probed run
+    a part of the host's syncs (``hostsync.Part``: its untimed steps, what each rank adds to the gathered
+    measurements), and its own record instead of a benchmark's. A probed run
     neither resumes nor leaves a checkpoint: it is measured in one piece."""
 
     def check(self, ctx: RunContext) -> None:
@@ -109,9 +109,6 @@ class Probe(loops.StepProbe, Protocol):
 
     def announce(self, ctx: RunContext) -> str:
         """The chief's first line."""
-
-    def measured(self, hooks: StepHooks) -> dict[str, Any]:
-        """This rank's measurements after the loop, gathered with the run's own."""
 
     def record(self, ctx: RunContext, built: Built, gathered: Gathered) -> Any:
         """The chief's record from every rank's measurements; written and returned."""
@@ -169,12 +166,11 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     dataset = backend.make_dataset(training_input(ctx, resume.start_step))
     backend.before_training(built.model, built.optimizer)
     init_digest = resume.previous.get("initial_weights_digest") or weights_digest(built.model)
-    hooks = StepHooks(ctx, resume.start_step, preemption, watchdog, least_warm=probe.least_warm if probe else 0)
-    hooks.energy = energy.rank_meter()  # None without a GPU energy counter: the record's energy is then absent
+    hooks = make_hooks(ctx, built, resume.start_step, preemption, watchdog, probe)
     drive(ctx, built, dataset, hooks, probe)
     # Before anything reads the weights (digests, checkpoint): Horovod ranks hold per-rank BatchNorm statistics.
     backend.sync_model_state(built.model)
-    gathered = gather(ctx, built, hooks, resume, init_digest, probe.measured(hooks) if probe else {})
+    gathered = gather(ctx, built, hooks, resume, init_digest)
     if hooks.stopped_at is not None:
         if probe is None:
             write_checkpoint(ctx, built.checkpoint, resume.own_dir, hooks, gathered)
@@ -193,7 +189,7 @@ def _train(ctx: RunContext, preemption: rel.Preemption, watchdog: rel.Watchdog |
     if probe is not None:
         return probe.record(ctx, built, gathered)
     record = make_record(ctx, built, resume, gathered)
-    publish(record, opts, resume, hooks.trace)
+    publish(record, opts, resume, hooks.find(observe.Trace))
     return record
 
 
@@ -204,12 +200,41 @@ def drive(ctx: RunContext, built: Built, dataset: Any, hooks: StepHooks, probe: 
         loops.run_ctl(ctx, built.model, built.optimizer, dataset, hooks, probe)
         return
     own_loop = ctx.backend.train_loop()
-    if own_loop is None:
-        hooks.evaluator = streamed.make_evaluator(ctx, built.model) if ctx.plan.pipeline else \
-            evaluate.make_evaluator(ctx.job, built.model, ctx.backend, ctx.plan.steps_per_epoch, ctx.plan.total_steps,
-                                    ctx.trained_by)
     loop = own_loop or (loops.run_fit if ctx.job.mode == "fit" else loops.run_ctl)
     loop(ctx, built.model, built.optimizer, dataset, hooks)
+
+
+def make_hooks(ctx: RunContext, built: Built, start_step: int, preemption: rel.Preemption,
+               watchdog: rel.Watchdog | None, probe: Probe | None) -> StepHooks:
+    """The host's side of the loop ``drive`` runs, with every part it has (``common.training.hostsync.Part``),
+    each given here once, in the order they act at a sync (the trace before the clock mark, the rest after it)."""
+    opts, plan, backend = ctx.opts, ctx.plan, ctx.backend
+    # a collective (the trace's run id): every rank builds its hooks at the same point, before the first step
+    trace, progress = observe.run_parts(ctx, start_step)
+    own_loop = backend.train_loop() is not None
+    if probe is not None:
+        clock: Any = inputwait.NotMeasured(loops.PROBE_INPUT)
+    elif own_loop:
+        clock = inputwait.NotMeasured(inputwait.ASYNCHRONOUS if backend.capabilities().asynchronous else
+                                      inputwait.OWN_LOOP)
+    else:
+        clock = inputwait.InputClock(loops.INPUT_METHOD[ctx.job.mode])
+    evaluator = None  # validation in the shared loops only, never in a probed run
+    if probe is None and not own_loop:
+        evaluator = streamed.make_evaluator(ctx, built.model) if plan.pipeline else \
+            evaluate.make_evaluator(ctx.job, built.model, backend, plan.steps_per_epoch, plan.total_steps,
+                                    ctx.trained_by)
+    return StepHooks(ctx, start_step, preemption, (
+        trace,
+        energy.rank_meter(),  # None without a GPU energy counter: the record's energy is then absent
+        FirstStep(opts.t_process_start, ctx.verbose),
+        Liveness(watchdog) if watchdog is not None else None,
+        progress,
+        Validation(evaluator, watchdog, clock.restart_gap, keep=backend.is_chief)
+        if evaluator is not None else None,
+        clock,
+        probe,  # its untimed steps, and the host clock's marks it measures by
+    ))
 
 
 def metrics_line(recipe: Recipe) -> str | None:
@@ -361,10 +386,9 @@ def find_resume(ctx: RunContext, built: Built) -> Resume:
     return Resume(int(meta["step"]), meta, source, own_dir)
 
 
-def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init_digest: str,
-           extra: dict[str, Any] | None = None) -> Gathered:
-    """Every rank's measurements on every rank (one collective, after the timed loop), and the global losses.
-    ``extra``: a probe's own measurements of this rank, gathered in the same collective."""
+def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init_digest: str) -> Gathered:
+    """Every rank's measurements on every rank (one collective, after the timed loop), and the global losses; the
+    hooks' parts' (a probe's too) gathered in the same collective."""
     backend, opts = ctx.backend, ctx.opts
     mine = {
         "host": res.hostname(),
@@ -376,16 +400,15 @@ def gather(ctx: RunContext, built: Built, hooks: StepHooks, resume: Resume, init
         "clock_marks": hooks.clock_marks(),
         "warm": hooks.warm,
         "losses": hooks.losses,
-        "time_to_first_step": (hooks.first_step_done or time.time()) - opts.t_process_start,
         "final_digest": weights_digest(built.model),
         "trainable_digest": weights_digest(built.model, trainable_only=True),
         "fingerprint": weights_fingerprint(built.model) if backend.is_chief else None,
-        "evaluations": hooks.evaluations if backend.is_chief else [],  # identical values on every rank
-        "input": inputwait.rank_measure(hooks.input_clock),  # reads the device once: after the timed loop
+        "evaluations": [],  # a run without validation; the chief's Validation part's are identical on every rank
         "machine": machine.rank_machine(opts.iface),  # after the last step: the peak RSS is the run's
         "nccl": nccl.own_finding(),  # the network NCCL chose, from its log file (common.cluster.nccl); None: no file
-        "energy": meter.result() if (meter := getattr(hooks, "energy", None)) is not None else None,
-        **(extra or {}),
+        # every part's (hostsync.Part.measured), after the loop: the time to first step, the input wait (reads the
+        # device once), the energy (absent without a meter), the chief's evaluations
+        **hooks.measured(),
     }
     # Every rank must take part in this collective, chief or not.
     everyone = backend.allgather(mine)
