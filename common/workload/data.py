@@ -94,11 +94,18 @@ class DataFacts:
     samples: int  # training samples
     input_shape: tuple[int, ...]  # one sample's features
     num_classes: int | None  # None: labels that are not class indices
+    call: str = ""  # a user dataset function's call, as the banner says it: "fn(batch_size=64)"
+    done: tuple[str, ...] = ()  # what twinbench did to the tf.data.Dataset it returned, per split (the banner's)
 
     @classmethod
     def of(cls, data: Any) -> DataFacts:
         """A user dataset's (``usercode.load_data`` / ``load_before_tf``): its arrays' size and shapes."""
-        return cls(len(data.x), data.input_shape, data.num_classes)
+        return cls(len(data.x), data.input_shape, data.num_classes, data.call, tuple(data.done))
+
+    def record(self) -> dict[str, Any] | None:
+        """The record's ``input.dataset``: the function's call and what twinbench did to the tf.data.Dataset it
+        returned (each operation of its pipeline, per split); None when it returned arrays."""
+        return {"call": self.call, "done": list(self.done)} if self.done else None
 
     def labels(self, job: Job) -> np.ndarray:
         """A few training labels, the smallest and largest among them (integer labels): what the loss is checked
