@@ -166,3 +166,30 @@ def test_start_step_resumes_the_stream_exactly():
     tf.keras.utils.set_random_seed(job.seed)
     resumed = [y.numpy().tolist() for _, y in data.make_train_dataset(job, 8, 1, 2, start_step=7).take(6)]
     assert resumed == full[7:13]  # crosses the epoch boundary at step 5 and 10
+
+
+def test_user_arrays_are_gathered_by_numpy_to_what_tensors_give(monkeypatch):
+    """A user's arrays feed the pipeline by numpy indexing (no tensor copy of the data, bench/input_memory.py
+    --in-memory): batch for batch what tf.gather from tensors of them gives, with several replicas per pipeline; a
+    pipeline traced in a graph (a parameter server's coordinator) gathers from tensors, which its workers get."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(N, 3, 2)).astype(np.float32), rng.integers(0, 5, size=N)
+    job = synthetic_job()
+    _, lo, hi = data.shard_geometry(G, 1, 2, 2)
+    slots = data._Slots(G, 3, lo, hi, 2, 0)
+
+    def batches() -> list[tuple[np.ndarray, np.ndarray]]:
+        tf.keras.utils.set_random_seed(job.seed)
+        return [(a.numpy(), b.numpy()) for a, b in data._array_stream(tf, job, slots, x, y, scale=False).take(20)]
+
+    by_numpy = batches()
+    monkeypatch.setattr(data, "_numpy_rows", lambda tf_, a, b: data._tensor_rows(tf_, a, b, False))
+    by_tensors = batches()
+    assert len(by_numpy) == 20 and by_numpy[0][0].shape == (3, 3, 2) and by_numpy[0][0].dtype == np.float32
+    for (ax, ay), (bx, by) in zip(by_numpy, by_tensors, strict=True):
+        assert np.array_equal(ax, bx) and np.array_equal(ay, by)
+    called = []
+    monkeypatch.setattr(data, "_numpy_rows", lambda *a: called.append(a))
+    with tf.Graph().as_default():
+        data._array_stream(tf, job, slots, x, y, scale=False)
+    assert called == []

@@ -1,8 +1,10 @@
 """A dataset function returning a ``tf.data.Dataset`` (common/workload/tfdata.py): the tutorials' shape (a batch-size
-parameter, an unseeded shuffle, ``repeat()`` and ``batch()`` last) read as one pass of its examples, every problem
-named in one refusal, and the real launch on both backends at 2 workers: the function runs after the backend
-configured TensorFlow (no "TensorFlow started before twinbench could configure it"), the same losses and
-evaluations on both, the banner says what twinbench did, and no GPU-probe lines on a machine without a GPU.
+parameter, an unseeded shuffle, ``repeat()`` and ``batch()`` last) and the pipelines Horovod's scripts write
+(``repeat().shuffle(n).batch(b)``, ``shard(...)``, ``take(n)``) read as one pass of their examples, each operation
+said, every problem named in one refusal, the pass held once (views of a ``from_tensor_slices``' tensors), and the
+real launch on both backends at 2 workers: the function runs after the backend configured TensorFlow (no
+"TensorFlow started before twinbench could configure it"), the same losses and evaluations on both, the banner and
+the record say what twinbench did, and no GPU-probe lines on a machine without a GPU.
 
 TensorFlow processes: 4 in ``launched`` (native --nproc 2: a parent that never imports TensorFlow and 2 workers;
 Horovod: 2 ranks under mpirun, each probing the function in a graph first), and this process; the tutorial
@@ -51,6 +53,44 @@ SOURCE = textwrap.dedent('''
     def arrays():
         return _arrays(64, 0)
 
+    def horovod(batch_size):
+        import tensorflow as tf
+        return tf.data.Dataset.from_tensor_slices(_arrays(512, 0)).repeat().shuffle(10000).batch(batch_size)
+
+    def _source():
+        import tensorflow as tf
+        return tf.data.Dataset.from_tensor_slices(_arrays(512, 0))
+
+    def sharded():  # shard(hvd.size(), hvd.rank()) as a rank of two would call it
+        return _source().shard(2, 1).shuffle(512).repeat().batch(16)
+
+    def one_shard():
+        return _source().shard(1, 0).repeat().batch(16)
+
+    def taken():
+        return _source().take(100).shuffle(100).batch(16)
+
+    def picked():  # the shuffle below take() picks which 100 examples
+        return _source().shuffle(512).take(100).batch(16)
+
+    def batches_taken():
+        return _source().batch(8).take(5).repeat()
+
+    def length():  # Horovod's tensorflow2_mnist.py: dataset.take(steps) over the repeated stream
+        return _source().repeat().shuffle(1000).batch(16).take(10)
+
+    def mapped():
+        return _source().map(lambda x, y: (2 * x, y)).shuffle(512).batch(16)
+
+    def filtered():
+        return _source().filter(lambda x, y: y < 2).batch(16)
+
+    def shard_under_map():
+        return _source().shard(2, 1).map(lambda x, y: (x, y)).batch(16)
+
+    def shard_under_take():
+        return _source().shard(2, 1).take(100).batch(16)
+
     def bad(batch_size):
         import tensorflow as tf
         ds = tf.data.Dataset.from_tensor_slices(_arrays(64, 0)).repeat().batch(4).map(lambda x, y: (x, y))
@@ -77,25 +117,115 @@ def test_the_tutorial_shape_is_one_pass_of_its_examples_with_the_global_batch(jo
     usercode.set_replicas(2)
     data = usercode.load_data(load_job(job_file))
     assert data.call == "tutorial(batch_size=32)"  # the global batch: 16 per replica x 2
-    assert data.done[0] == "training: removed its last batch(32), repeat(); read one pass, 512 examples"
+    assert data.done[0] == ("training: shuffle(512): replaced by twinbench's seeded shuffle of the "
+                            "whole pass; repeat(): removed, one pass read (twinbench repeats it); batch(32): removed "
+                            "(twinbench batches); read one pass, 512 examples")
     assert data.done[1] == "validation: read one pass, 96 examples"
+    x, y = _arrays(job_file, 512)
+    assert np.array_equal(data.x, x) and np.array_equal(data.y, y)  # each example once, in the source's order
+
+
+def _arrays(job_file: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
     sys.path.insert(0, str(job_file.parent))
     from tfd import fns
 
-    x, y = fns._arrays(512, 0)
-    order = np.lexsort(data.x.T)
-    assert np.array_equal(data.x[order], x[np.lexsort(x.T)])  # the same examples, each once
-    assert not np.array_equal(data.x, x)  # in the order of the function's own shuffle
-    assert np.array_equal(data.y[order], y[np.lexsort(x.T)])
-    usercode._MEMO.clear()  # called again: its unseeded shuffle draws the same order (the job's seed)
-    assert np.array_equal(usercode.load_data(load_job(job_file)).x, data.x)
+    return fns._arrays(n, 0)
+
+
+def _read(job_file: Path, fn: str) -> usercode.UserData:
+    return usercode.load_data(load_job(job_file, [f"dataset=tfd.fns:{fn}"]))
+
+
+def test_horovods_pipeline_line_is_read_as_written_and_held_once(job_file):
+    """``repeat().shuffle(10000).batch(128)``: one pass, in the source's order, each operation said; the arrays
+    are views of the tensors from_tensor_slices holds (no copy of the data)."""
+    usercode.set_replicas(2)
+    data = usercode.load_data(load_job(job_file, ["dataset=tfd.fns:horovod"]))
+    assert data.done == ("training: repeat() before shuffle(): one pass read, twinbench repeats and shuffles with the "
+                         "job's seed; shuffle(10000): replaced by twinbench's seeded shuffle of the whole pass; "
+                         "batch(32): removed (twinbench batches); read one pass, 512 examples",)
+    x, y = _arrays(job_file, 512)
+    assert np.array_equal(data.x, x) and np.array_equal(data.y, y)
+    tf = sys.modules["tensorflow"]
+    t, labels = tf.constant(x), tf.constant(y)
+    ds = tf.data.Dataset.from_tensor_slices((t, labels)).repeat().shuffle(100).batch(8)
+    vx, vy, _ = tfdata.read(tf, "p.m:f", ds, "training", usercode.UserCodeError)
+    assert np.shares_memory(vx, np.from_dlpack(t)) and np.shares_memory(vy, np.from_dlpack(labels))
+    assert np.array_equal(vx, x) and not vx.flags.writeable
+
+
+def test_shard_is_undone_or_a_no_op_and_take_kept_or_a_length(job_file):
+    x, y = _arrays(job_file, 512)
+    said = {fn: _read(job_file, fn) for fn in ("sharded", "one_shard", "taken", "batches_taken", "length")}
+    assert said["sharded"].done[0].startswith("training: shard(2, 1): undone, every example read once (twinbench "
+                                              "shards them exactly itself); shuffle(512): replaced")
+    assert said["one_shard"].done[0].startswith("training: shard(1, 0): one shard, a no-op; repeat(): removed")
+    for fn in ("sharded", "one_shard", "length"):  # every example, once, in the source's order
+        assert np.array_equal(said[fn].x, x) and np.array_equal(said[fn].y, y), fn
+    assert said["length"].done[0] == (
+        "training: repeat() before shuffle(): one pass read, twinbench repeats and shuffles with the job's seed; "
+        "shuffle(1000): replaced by twinbench's seeded shuffle of the whole pass; batch(16): removed (twinbench "
+        "batches); take(10): the length of a repeated stream, removed (the job's steps set the run's length); read "
+        "one pass, 512 examples")
+    assert said["taken"].done[0] == ("training: take(100): kept, 100 examples; shuffle(100): replaced by twinbench's "
+                                     "seeded shuffle of the whole pass; batch(16): removed (twinbench batches); read "
+                                     "one pass, 100 examples")
+    assert np.array_equal(said["taken"].x, x[:100])
+    assert said["batches_taken"].done[0] == ("training: take(5): kept, 40 examples; repeat(): removed, one pass read "
+                                             "(twinbench repeats it); read one pass, 40 examples")
+    assert np.array_equal(said["batches_taken"].x, x[:40]) and np.array_equal(said["batches_taken"].y, y[:40])
+
+
+def test_a_shuffle_under_a_kept_take_picks_the_examples_with_the_jobs_seed(job_file):
+    x, _ = _arrays(job_file, 512)
+    picked = _read(job_file, "picked")
+    assert picked.done[0].startswith("training: shuffle(512) under take(100): kept, it picks the examples (the "
+                                     "job's seed); take(100): kept, 100 examples; batch(16): removed")
+    rows = {r.tobytes() for r in x}
+    assert len({r.tobytes() for r in picked.x}) == 100 and {r.tobytes() for r in picked.x} <= rows
+    assert not np.array_equal(picked.x, x[:100])
+    usercode._MEMO.clear()  # called again: its unseeded shuffle draws the same examples (the job's seed)
+    assert np.array_equal(_read(job_file, "picked").x, picked.x)
+
+
+def test_a_pass_that_is_not_a_slice_of_tensors_is_read_once_into_arrays(job_file):
+    """A map: allocated once from tf.data's length; a filter (length unknown): concatenated."""
+    x, y = _arrays(job_file, 512)
+    mapped, filtered = _read(job_file, "mapped"), _read(job_file, "filtered")
+    assert np.array_equal(mapped.x, 2 * x) and np.array_equal(mapped.y, y) and mapped.x.flags.owndata
+    assert np.array_equal(filtered.x, x[y < 2]) and np.array_equal(filtered.y, y[y < 2])
+
+
+def test_a_shard_that_cannot_be_undone_is_refused_in_one_line(job_file):
+    for fn, problem in (("shard_under_map", "is sharded (shard(2, 1) under map())"),
+                        ("shard_under_take", "is sharded (shard(2, 1) under take(100): each rank would keep other "
+                                             "examples)")):
+        with pytest.raises(usercode.UserCodeError) as e:
+            _read(job_file, fn)
+        assert "\n" not in str(e.value) and problem in str(e.value), str(e.value)
+
+
+def test_the_probe_graph_makes_big_arrays_placeholders_not_constants():
+    """A function probed in a graph is never run there: a big numpy array becomes a placeholder (a constant copies
+    it several times over); a small one stays a constant, and outside the probe constants are constants."""
+    tf = tfquiet.import_tensorflow()
+    big = np.zeros((tfdata.LIGHT_BYTES // 4,), np.float32)
+    with tf.Graph().as_default():
+        with tfdata._light_constants(tf):
+            light, small = tf.constant(big), tf.constant(np.zeros(4))
+            ds = tf.data.Dataset.from_tensor_slices((big, big))
+        assert (light.op.type, light.shape, small.op.type) == ("Placeholder", big.shape, "Const")
+        assert tfdata.is_dataset(ds)
+        assert tf.constant(big).op.type == "Const"
+    ok, out = tfdata.probe(lambda: tf.data.Dataset.from_tensor_slices(big), 1)
+    assert (ok, out) == (False, None)
 
 
 def test_a_dataset_that_cannot_be_read_names_every_problem_in_one_line(job_file):
     with pytest.raises(usercode.UserCodeError) as e:
         usercode.load_data(load_job(job_file, ["dataset=tfd.fns:bad"]))
     message = str(e.value)
-    assert "\n" not in message and "after removing its last batch(16), repeat()" in message
+    assert "\n" not in message and "after removing its last batch(16), repeat()" in message, message
     assert "is infinite and batched (batch(4) under map()) and repeated (repeat() under batch())" in message
 
 
@@ -185,9 +315,12 @@ def test_a_tf_data_function_runs_on_both_backends_to_the_same_losses(launched):
 def test_the_banner_says_what_twinbench_did_once_and_no_gpu_probe_lines(launched, kind, given):
     proc = launched[kind][1]
     text = proc.stdout + proc.stderr
-    line = (f"[twinbench] dataset: tutorial(batch_size=32){given}: training: removed its last batch(32), repeat(); "
-            "read one pass, 512 examples; validation: read one pass, 96 examples")
+    line = (f"[twinbench] dataset: tutorial(batch_size=32){given}: training: shuffle(512): replaced by twinbench's "
+            "seeded shuffle of the whole pass; repeat(): removed, one pass read (twinbench repeats it); batch(32): "
+            "removed (twinbench batches); read one pass, 512 examples; validation: read one pass, 96 examples")
     assert text.count(line) == 1, text[-3000:]
+    said = launched[kind][0]["input"]["dataset"]  # and the record says it
+    assert said["call"] == "tutorial(batch_size=32)" and said["done"][0].startswith("training: shuffle(512): replaced")
     if not tfquiet.has_gpu_node():
         assert "Could not find cuda drivers" not in text and "cuInit" not in text, text[-3000:]
 

@@ -468,7 +468,8 @@ def make_record(ctx: RunContext, built: Built, resume: Resume, gathered: Gathere
         network=netif.network(opts.iface, everyone),
         asynchronous=caps.asynchronous,  # parameter-server training: never in a parity claim
         input={**inputwait.summarise([r["input"] for r in everyone], stats["per_rank_timed_wall"]),
-               "path": caps.input_path, **({"pipeline": plan.pipeline["record"]} if plan.pipeline else {})},
+               "path": caps.input_path, **({"pipeline": plan.pipeline["record"]} if plan.pipeline else {}),
+               **({"dataset": plan.data.record()} if plan.data is not None and plan.data.record() else {})},
         topology=netif.topology(everyone),
         collective=caps.collective.to_dict(),
         tuning=tuning_record(list(caps.knobs), nccl.users_env(public_env())),

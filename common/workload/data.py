@@ -94,11 +94,18 @@ class DataFacts:
     samples: int  # training samples
     input_shape: tuple[int, ...]  # one sample's features
     num_classes: int | None  # None: labels that are not class indices
+    call: str = ""  # a user dataset function's call, as the banner says it: "fn(batch_size=64)"
+    done: tuple[str, ...] = ()  # what twinbench did to the tf.data.Dataset it returned, per split (the banner's)
 
     @classmethod
     def of(cls, data: Any) -> DataFacts:
         """A user dataset's (``usercode.load_data`` / ``load_before_tf``): its arrays' size and shapes."""
-        return cls(len(data.x), data.input_shape, data.num_classes)
+        return cls(len(data.x), data.input_shape, data.num_classes, data.call, tuple(data.done))
+
+    def record(self) -> dict[str, Any] | None:
+        """The record's ``input.dataset``: the function's call and what twinbench did to the tf.data.Dataset it
+        returned (each operation of its pipeline, per split); None when it returned arrays."""
+        return {"call": self.call, "done": list(self.done)} if self.done else None
 
     def labels(self, job: Job) -> np.ndarray:
         """A few training labels, the smallest and largest among them (integer labels): what the loss is checked
@@ -239,18 +246,49 @@ def _array_stream(tf: Any, job: Job, s: _Slots, images: np.ndarray, labels: np.n
     """Samples gathered from arrays in memory: uint8 images scaled to [0, 1] (builtins), or as given (user data)."""
     n = len(images)
     ds = _global_slots(tf, job, n, s)
-    images_t, labels_t = tf.constant(images), tf.constant(labels)
     reps, b = s.replicas, s.b
     x_shape, y_shape = (reps, b, *images.shape[1:]), (reps, b, *labels.shape[1:])
+    # a user's arrays are gathered by numpy where the pipeline runs in this process (made eagerly); a parameter
+    # server's workers run it elsewhere (traced by the coordinator), where only tensors reach them
+    rows = _numpy_rows(tf, images, labels) if not scale and tf.executing_eagerly() else \
+        _tensor_rows(tf, images, labels, scale)
 
     def gather(idx: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        x = tf.gather(images_t, idx)
-        if scale:
-            x = tf.cast(x, tf.float32) / 255.0  # same float32 division as load_arrays
-        return tf.reshape(x, x_shape), tf.reshape(tf.gather(labels_t, idx), y_shape)
+        x, y = rows(idx)
+        return tf.reshape(x, x_shape), tf.reshape(y, y_shape)
 
     # one element per replica slot, in slot order
     return ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+
+
+def _tensor_rows(tf: Any, images: np.ndarray, labels: np.ndarray, scale: bool) -> Any:
+    """``idx -> (images[idx], labels[idx])`` by ``tf.gather`` from tensors of the arrays (a copy of them)."""
+    images_t, labels_t = tf.constant(images), tf.constant(labels)
+
+    def rows(idx: Any) -> tuple[Any, Any]:
+        x = tf.gather(images_t, idx)
+        if scale:
+            x = tf.cast(x, tf.float32) / 255.0  # same float32 division as load_arrays
+        return x, tf.gather(labels_t, idx)
+
+    return rows
+
+
+def _numpy_rows(tf: Any, images: np.ndarray, labels: np.ndarray) -> Any:
+    """``idx -> (images[idx], labels[idx])`` by numpy indexing of the arrays as they are (a ``tf.numpy_function``):
+    only the batch is copied into TensorFlow. A tensor of the arrays would be a copy of the data (``tf.constant``
+    copies a numpy array, and TensorFlow cannot take a numpy buffer that is not 64-byte aligned), and tf.data's
+    static optimizations copy a tensor the pipeline captures once more, rewriting the pipeline through its
+    serialised graph (bench/input_memory.py --in-memory)."""
+    dtypes = (tf.as_dtype(images.dtype), tf.as_dtype(labels.dtype))
+
+    def take(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return images[idx], labels[idx]
+
+    def rows(idx: Any) -> tuple[Any, Any]:
+        return tuple(tf.numpy_function(take, [idx], dtypes, stateful=False))
+
+    return rows
 
 
 def _file_stream(tf: Any, job: Job, s: _Slots) -> tf.data.Dataset:
