@@ -5,10 +5,9 @@ Runs the job for a few steps (``--steps``, default 20) on each backend at 1 and 
 (``registry.load(kind).local_command``), started in the working directory the check was started in (paths given
 to it are made absolute first: ``--job``, ``--results`` and the job's relative paths mean what they mean to the
 user). The 2-worker runs use the job's per-replica batch b, the 1-worker runs 2b (``--set
-per_replica_batch_size=2b``, and with ``lr_scaling = "linear"`` ``--lr-replicas 2``: the LR that 2 workers get):
-the same global batch and LR, so the same math. A job with ``warmup_epochs`` ramps its LR from LR / workers
-(Horovod's rule): 1 and 2 workers cannot agree, so that pair is left out with a note. Then it compares, pair by
-pair, one question each:
+per_replica_batch_size=2b``, and with ``lr_scaling = "linear"`` or ``warmup_epochs`` ``--lr-replicas 2``: the LR,
+and Horovod's warm-up from LR / replicas, that 2 workers get): the same global batch and LR, so the same math. Then
+it compares, pair by pair, one question each:
 
 - same math: each backend against the first one (registry order) at the same workers and mode: what the report's
   "can this job leave Horovod" answer rests on;
@@ -622,11 +621,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
     except (JobError, data_mod.DataError, OSError) as e:
         fail(PROG, str(e))
     keys = tuple(RunKey(k, m, w) for m in modes for w in (1, 2) for k in kinds)
-    # Horovod's warm-up rule (common/training/objective.py) ramps from lr / workers: 1 worker starts at the full LR
-    note = f"warmup_epochs = {job.warmup_epochs} ramps the LR from its value / workers, so 1 worker starts at " \
-           "another LR than 2" if job.warmup_epochs else ""
+    # 1 worker x 2b trains as 2 workers would: the LR scaled (lr_scaling = "linear") and Horovod's warm-up rule
+    # (common/training/objective.py: from lr / replicas) both follow --lr-replicas 2, so that pair is compared too
+    as_two = job.lr_scaling == "linear" or job.warmup_epochs > 0
     return Plan(str(Path(args.job).resolve()), sets, job.per_replica_batch_size, keys,
-                job.scaled_learning_rate(2) if job.lr_scaling == "linear" else None, note,
+                job.scaled_learning_rate(2) if as_two else None, "",
                 Path(args.results).expanduser().absolute() if args.results else None, str(Path.cwd()),
                 model_terms(job))
 

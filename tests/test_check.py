@@ -319,11 +319,13 @@ def test_relative_paths_mean_the_users_working_directory(tmp_path, monkeypatch):
     assert cmd[cmd.index("--results") + 1] == str(work / "da" / "native-ctl-n2")
 
 
-def test_a_warmup_leaves_out_the_world_size_pair_and_says_why():
+def test_a_warmup_compares_one_worker_to_two_at_the_warmup_of_two():
+    """Horovod's warm-up rule ramps from LR / replicas: the 1 worker x 2b runs get --lr-replicas 2 (the recipe's
+    warm-up follows it, common/training/objective.py), so the pair is compared, not left out; with neither a warm-up
+    nor linear scaling nothing is added."""
     plan = _plan("warmup_epochs=1")
-    assert "warmup_epochs = 1" in plan.world_size_note
-    rows = check.compare(all_runs(), across_sizes=False)
-    assert rows and all(r.a.workers == r.b.workers for r in rows) and len(rows) == 8
+    assert plan.one_worker_lr is not None and not plan.world_size_note
+    assert _plan("warmup_epochs=0", "lr_scaling=none").one_worker_lr is None
 
 
 # -- the whole command against fakes of its runs (no TensorFlow, no process) ----------------------------------------
@@ -404,7 +406,8 @@ def test_main_names_every_pair_it_leaves_out_and_why(monkeypatch, capsys):
     assert code == 0 and out.strip().splitlines()[-1] == "all 2 pairs agree to 1e-05; 2 not compared (listed above)"
     fake_runs(monkeypatch)
     code, out, _ = _main(capsys, "--modes", "fit", "--set", "warmup_epochs=1")
-    assert code == 0 and out.count("[check] not compared") == 2 and "warmup_epochs = 1 ramps the LR" in out
+    assert code == 0 and "[check] not compared" not in out
+    assert "scales exactly: 1 worker x 2b = 2 workers x b: yes" in out
 
 
 def test_an_unsharded_input_function_is_not_a_clean_pass(monkeypatch, capsys):
