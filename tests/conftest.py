@@ -35,7 +35,7 @@ CLUSTER_FILES = {"test_cluster.py", "test_cluster_runs.py", "test_slurm.py", "te
 OWN_WORKER_FILES = CLUSTER_FILES | {"test_demo.py", "test_usercode_parity.py", "test_tfrecord.py", "test_cli.py",
                                     "test_netif.py", "test_observe.py", "test_usercode.py", "test_inputfn.py",
                                     "test_multioutput.py", "test_tfdata.py", "test_bench.py", "test_bench_ab.py",
-                                    "test_port.py"}
+                                    "test_port.py", "test_port_mwms.py"}
 REQUIRE_CLUSTERS = "TWINBENCH_REQUIRE_CLUSTERS"  # "1" (make test): a cluster that cannot start fails, never skips
 # the session fixture ``emu``, the emulated 2-node cluster, one per suite (a plugin: that module imports this one)
 pytest_plugins = ["tests.cluster.emulated"]

@@ -226,6 +226,8 @@ def test_breakdown_of_a_model_with_several_inputs(tmp_path):
     run([PY, "-m", "backends.native", *job, "--diagnose", "breakdown", "--results", str(tmp_path / "b")])
     run([PY, "-m", "backends.native", *job, "--results", str(tmp_path / "n")])
     rec = BreakdownRecord.from_dict(json.loads(next((tmp_path / "b").glob("breakdown-*.json")).read_text()))
-    assert all(rec.phases[p] > 0 for p in BREAKDOWN_PHASES), rec.phases
+    # one worker: its all-reduce of one replica is an identity, shorter than the device clock resolves (tf.timestamp:
+    # float64 seconds since the epoch, steps of about 0.24 us), so comm may read 0; every other phase does work
+    assert rec.phases["comm"] >= 0 and all(rec.phases[p] > 0 for p in BREAKDOWN_PHASES if p != "comm"), rec.phases
     (normal,) = load_runs(tmp_path / "n")
     assert first_divergence(normal.record.step_losses, rec.step_losses, RTOL) is None

@@ -94,7 +94,7 @@ def test_the_section_answers_in_md_html_and_csv_alike(tmp_path: Path) -> None:
     assert md_table(rows[0][2:], [r[2:] for r in rows[1:]]) in part  # the same cells as report.md's table
     html = (d / "report" / "report.html").read_text()
     assert "<h2>Can this job leave horovod for native MultiWorkerMirroredStrategy?</h2>" in html
-    assert "<td>needs installed</td><td>TensorFlow 2.21.0 (with tf-keras 2.21.0)" in html
+    assert "<td>needs installed</td><td class=\"prose\">TensorFlow 2.21.0 (with tf-keras 2.21.0)" in html
 
 
 def test_a_check_result_says_same_math_when_it_is_of_this_job(tmp_path: Path) -> None:
