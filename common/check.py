@@ -618,7 +618,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
             from common.core import results as res
 
             res.check_results_dir(args.results)
-    except (JobError, data_mod.DataError, OSError) as e:
+    except (JobError, data_mod.DataError, usercode.UserCodeError, OSError) as e:  # the user's data refused: one line
         fail(PROG, str(e))
     keys = tuple(RunKey(k, m, w) for m in modes for w in (1, 2) for k in kinds)
     # 1 worker x 2b trains as 2 workers would: the LR scaled (lr_scaling = "linear") and Horovod's warm-up rule

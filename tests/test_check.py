@@ -501,3 +501,23 @@ def test_a_dropout_job_checked_and_reported_from_outside_the_checkout(tmp_path):
             "workers) (common.check of this job with other steps, ") in part
     assert "| scales exactly: 1 worker x 2b = 2 workers x b |  |  | no: native ctl: 1 worker x 2b vs 2 workers x b: " \
            "loss differs, step 1: " in part and "likely cause: per-replica random draws: droppkg/model.py's" in part
+
+
+def test_data_the_users_function_gives_that_twinbench_refuses_is_one_line_before_any_run(monkeypatch, capsys):
+    """A dataset function's pipeline twinbench cannot read exactly (tfdata refuses it as the user's code's error, read
+    while the check plans) is one line and exit 2, not a traceback."""
+    from common.workload import data as data_mod
+    from common.workload.usercode import UserCodeError
+
+    ran = fake_runs(monkeypatch)
+
+    def refuse(job):
+        raise UserCodeError("dataset = 'pk.d:load': the training tf.data.Dataset is sharded (shard(2, 1) under map())")
+
+    monkeypatch.setattr(data_mod, "dataset_info", refuse)
+    with pytest.raises(SystemExit) as e:
+        check.main(["--job", SMOKE])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and ran == [] and out == ""
+    assert err.strip().splitlines() == ["common.check: error: dataset = 'pk.d:load': the training tf.data.Dataset is "
+                                        "sharded (shard(2, 1) under map())"]
