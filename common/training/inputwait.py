@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.training.hostsync import Quiet
+
 # Shares of the timed wall time spent waiting for input: below the first the input kept up, from the second on a
 # run is highly input-bound, in between moderately. TensorFlow Profiler's own lines (its input-pipeline analysis:
 # kModeratelyInfeedBoundThresholdInPercent = 5, kHighlyInfeedBoundThresholdInPercent = 20).
@@ -27,21 +29,9 @@ MEASURES = {  # what each method's seconds are, as the record and the report nam
 }
 
 
-class _Part:
+class _Part(Quiet):
     """A part of the host's syncs (``common.training.hostsync.Part``): given to ``StepHooks`` at its construction,
-    read once after the loop (``measured``: the rank's ``input``)."""
-
-    before_mark = False
-    untimed = 0
-
-    def start(self, at: Any) -> None:
-        pass
-
-    def wants_sync(self, last: int, done: int, global_step: int) -> bool:
-        return False
-
-    def at_sync(self, at: Any) -> None:
-        pass
+    read once after the loop (``measured``: the rank's ``input``); the other members are ``Quiet``'s."""
 
     def measured(self) -> dict[str, Any]:
         return {"input": rank_measure(self)}  # type: ignore[arg-type]
